@@ -1,0 +1,85 @@
+"""A model-free engine: scripted policies behind the sampler's session interface.
+
+Used to test the orchestrator, environments, rewards and evaluation without weights, and to replay
+known behaviours (a policy that loops, one that answers early) through the real rollout path. The
+policy maps the message history to the next assistant message; the session renders it with the
+chat format exactly as a model would have to generate it, so token accounting is identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from jaxrl_agents.types import Message, Task
+
+Policy = Callable[[list[Message]], Message]
+
+
+@dataclasses.dataclass
+class ScriptedResult:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    sampling_logprobs: list[float] | None = None
+
+
+class ScriptedSession:
+    def __init__(self, engine: ScriptedEngine):
+        self.engine = engine
+        self.messages: list[Message] = []
+        self.task: Task | None = None
+        self.policy: Policy | None = None
+        self.length = 0
+
+    def bind(self, messages: list[Message], task: Task) -> None:
+        """The orchestrator hands over the live message list and the task (scripted only)."""
+        self.messages, self.task = messages, task
+
+    async def generate(self, new_token_ids: list[int], params: Any) -> ScriptedResult:
+        self.length += len(new_token_ids)
+        if self.engine.latency_s:
+            await asyncio.sleep(self.engine.latency_s)
+        if self.policy is None:
+            self.policy = self.engine.policy_for(self.task)
+        msg = self.policy(list(self.messages))
+        chat = self.engine.chat
+        ids = chat.tokenizer.encode(chat.assistant_text(msg), add_special_tokens=False)
+        ids = ids + [chat.stop_token_ids[0]]
+        max_new = getattr(params, "max_new_tokens", len(ids))
+        finish = "stop"
+        if len(ids) > max_new:
+            ids, finish = ids[:max_new], "length"
+        self.length += len(ids)
+        return ScriptedResult(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=finish)
+
+    async def close(self) -> None:
+        self.engine.open_sessions -= 1
+
+
+class ScriptedEngine:
+    """``policy_factory(task) -> Policy`` builds the policy for each episode (e.g. an env's
+    ``oracle_policy``); a plain ``policy`` serves every episode."""
+
+    def __init__(
+        self,
+        chat: Any,
+        *,
+        policy: Policy | None = None,
+        policy_factory: Callable[[Task], Policy] | None = None,
+        latency_s: float = 0.0,
+    ):
+        if (policy is None) == (policy_factory is None):
+            raise ValueError("ScriptedEngine needs exactly one of policy= or policy_factory=")
+        self.chat, self.latency_s = chat, latency_s
+        self._policy, self._factory = policy, policy_factory
+        self.open_sessions = 0
+
+    def policy_for(self, task: Task | None) -> Policy:
+        return self._policy if self._policy is not None else self._factory(task)
+
+    async def open_session(self) -> ScriptedSession:
+        self.open_sessions += 1
+        return ScriptedSession(self)

@@ -1,0 +1,68 @@
+"""Run logging: metrics to JSONL and TensorBoard, sample trajectories, compile counts.
+
+Only process 0 writes (multi-host runs call these on every process; the others are no-ops).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_agents.types import Trajectory, write_jsonl
+
+
+def _scalar(v: Any) -> float | None:
+    try:
+        x = float(np.asarray(v))
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+class RunLogger:
+    """``log(step, {name: value})`` -> ``metrics.jsonl`` + TensorBoard events under ``tb/``."""
+
+    def __init__(self, run_dir: str | Path, *, enabled: bool | None = None):
+        self.dir = Path(run_dir)
+        self.enabled = jax.process_index() == 0 if enabled is None else enabled
+        self._tb = None
+        self._t0 = time.time()
+        if self.enabled:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.dir / "tb"))
+
+    def log(self, step: int, metrics: Mapping[str, Any], *, stage: str) -> None:
+        if not self.enabled:
+            return
+        clean = {k: s for k, v in metrics.items() if (s := _scalar(v)) is not None}
+        record = {"stage": stage, "step": int(step), "time_s": time.time() - self._t0, **clean}
+        with open(self.dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        for k, v in clean.items():
+            self._tb.add_scalar(f"{stage}/{k}", v, int(step))
+
+    def trajectories(self, step: int, trajs: Sequence[Trajectory], *, name: str = "samples") -> None:
+        if not self.enabled:
+            return
+        out = self.dir / "trajectories"
+        out.mkdir(exist_ok=True)
+        write_jsonl(out / f"{name}_step{step:06d}.jsonl", trajs)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,76 @@
+"""Losses as seen by the train step: SFT (masked NLL) and RL (the configured policy loss).
+
+Gradient accumulation is exact: every micro-batch loss is scaled by its share of the full batch's
+aggregation denominator (tokens for token-mean, sequences for the seq-mean modes), so the sum over
+micro-batches equals the loss of the whole batch (tested in ``tests/training``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_agents.rollout.packing import TrainBatch
+from jaxrl_agents.training.logprobs import token_stats
+
+
+def denominator(loss_mask: jax.Array, agg_mode: str) -> jax.Array:
+    """What an aggregation mode divides by: valid tokens (token-mean) or valid sequences."""
+    if agg_mode == "token-mean":
+        return jnp.sum(loss_mask)
+    return jnp.sum(jnp.any(loss_mask > 0, axis=-1))
+
+
+def sft_loss(*, chunk: int):
+    """Token-mean negative log-likelihood over assistant tokens (same mask as RL)."""
+
+    def loss_fn(model, mb: TrainBatch, extra: dict[str, Any]):
+        stats = token_stats(
+            model, mb.input_ids, mb.positions, mb.segment_ids, mb.target_ids,
+            chunk=chunk, with_entropy=False,
+        )
+        mask = mb.loss_mask
+        nll_sum = -jnp.sum(stats.logprobs * mask)
+        loss = nll_sum / jnp.maximum(extra["denom"], 1.0)
+        n = jnp.maximum(jnp.sum(mask), 1.0)
+        return loss, {"nll": nll_sum / n, "tokens": jnp.sum(mask)}
+
+    return loss_fn
+
+
+def rl_loss(loss_cfg: Any, *, chunk: int):
+    """The configured policy loss (``algos.policy_loss``) on a packed rollout batch.
+
+    ``extra`` holds ``denom`` (full-batch aggregation denominator) and optionally
+    ``ref_logprobs`` (``Float['B T']``) when a KL term to the frozen reference is on.
+    """
+    from jaxrl_agents.algos import policy_loss
+
+    def loss_fn(model, mb: TrainBatch, extra: dict[str, Any]):
+        need_entropy = getattr(loss_cfg, "entropy_coef", 0.0) != 0.0
+        stats = token_stats(
+            model, mb.input_ids, mb.positions, mb.segment_ids, mb.target_ids,
+            chunk=chunk, with_entropy=True,
+        )
+        loss, metrics = policy_loss(
+            logprobs=stats.logprobs,
+            old_logprobs=mb.old_logprobs,
+            advantages=mb.advantages,
+            loss_mask=mb.loss_mask,
+            cfg=loss_cfg,
+            ref_logprobs=extra.get("ref_logprobs"),
+            entropy=stats.entropy if need_entropy else None,
+        )
+        mask = mb.loss_mask
+        share = denominator(mask, loss_cfg.agg_mode) / jnp.maximum(extra["denom"], 1.0)
+        n = jnp.maximum(jnp.sum(mask), 1.0)
+        metrics = {
+            **metrics,
+            "entropy": jnp.sum(stats.entropy * mask) / n,
+            "logprob_diff": jnp.sum(jnp.abs(stats.logprobs - mb.old_logprobs) * mask) / n,
+        }
+        return loss * share, metrics
+
+    return loss_fn

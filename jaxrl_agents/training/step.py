@@ -1,0 +1,162 @@
+"""The jitted, sharded train step: gradient accumulation, clipping, a non-finite guard.
+
+One function serves SFT and RL; only the loss differs (:mod:`jaxrl_agents.training.objectives`).
+
+* **Accumulation**: the batch ``[B, T]`` is split into ``k`` micro-batches ``[k, B/k, T]`` and a
+  ``lax.scan`` sums their gradients, so ``k`` micro-batches give the same update as one full batch
+  (each micro-batch loss is weighted by its share of the aggregation denominator; see
+  ``objectives``).
+* **Non-finite guard**: if the loss or any gradient is NaN/inf the update is skipped (parameters
+  and optimizer state kept), ``skipped`` is incremented, and training goes on.
+* **Sharding**: parameters and optimizer state keep the shardings they were created with
+  (``sharding.shard_model``); the batch is placed with its leading axis over (``data``, ``fsdp``).
+  XLA's SPMD partitioner inserts the FSDP all-gathers and gradient reduce-scatters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxrl_agents.rollout.packing import TrainBatch
+
+
+class TrainState(NamedTuple):
+    """Everything a resume needs, as one pytree."""
+
+    params: Any  # nnx.State of the policy's nnx.Param variables
+    opt_state: Any
+    step: jax.Array  # Int[]: optimizer updates applied
+    skipped: jax.Array  # Int[]: updates skipped by the non-finite guard
+    rng: jax.Array  # PRNG key data (uint32[2])
+    data_cursor: jax.Array  # Int[]: position in the task stream / SFT data
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    """optax AdamW with warmup + cosine decay and global-norm clipping."""
+
+    lr: float = 3e-4
+    """Peak learning rate."""
+    warmup_steps: int = 10
+    decay_steps: int = 0
+    """Cosine decay length after warmup (0 = constant after warmup)."""
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.99
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Global-norm clip (0 disables)."""
+
+    def build(self) -> optax.GradientTransformation:
+        if self.lr <= 0:
+            raise ValueError(f"optimizer.lr must be > 0, got {self.lr}")
+        warm = optax.linear_schedule(0.0, self.lr, max(self.warmup_steps, 1))
+        if self.decay_steps > 0:
+            after = optax.cosine_decay_schedule(self.lr, self.decay_steps, self.min_lr_ratio)
+        else:
+            after = optax.constant_schedule(self.lr)
+        sched = optax.join_schedules([warm, after], [max(self.warmup_steps, 1)])
+        parts = [optax.clip_by_global_norm(self.grad_clip)] if self.grad_clip > 0 else []
+        parts.append(
+            optax.adamw(sched, b1=self.b1, b2=self.b2, eps=self.eps, weight_decay=self.weight_decay)
+        )
+        return optax.chain(*parts)
+
+
+def init_train_state(params: Any, tx: optax.GradientTransformation, *, seed: int) -> TrainState:
+    return TrainState(
+        params=params,
+        opt_state=tx.init(params),
+        step=jnp.zeros((), jnp.int32),
+        skipped=jnp.zeros((), jnp.int32),
+        rng=jax.random.key_data(jax.random.key(seed)),
+        data_cursor=jnp.zeros((), jnp.int32),
+    )
+
+
+LossFn = Callable[[Any, TrainBatch, Any], tuple[jax.Array, dict[str, jax.Array]]]
+"""``(model, micro_batch, extra) -> (loss, metrics)``; ``extra`` carries e.g. reference logprobs
+and the aggregation denominator shared by all micro-batches."""
+
+
+def _is_finite_tree(tree: Any) -> jax.Array:
+    leaves = jax.tree.leaves(tree)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    loss_fn: LossFn,
+    *,
+    microbatches: int = 1,
+    rest: Any = None,
+) -> Callable[[TrainState, TrainBatch, Any], tuple[TrainState, dict[str, jax.Array]]]:
+    """Build ``step(state, batch, extra) -> (state, metrics)`` (jitted, state donated).
+
+    ``rest`` is the non-parameter model state (e.g. RoPE tables held as non-Param variables),
+    merged back with the parameters for every forward pass.
+    """
+
+    def grads_of(params, mb, extra):
+        def f(p):
+            model = nnx.merge(graphdef, p, rest) if rest is not None else nnx.merge(graphdef, p)
+            return loss_fn(model, mb, extra)
+
+        return jax.value_and_grad(f, has_aux=True)(params)
+
+    def step(state: TrainState, batch: TrainBatch, extra: Any):
+        B = batch.input_ids.shape[0]
+        if B % microbatches:
+            raise ValueError(f"batch size {B} is not divisible by microbatches={microbatches}")
+        mbs = jax.tree.map(lambda x: x.reshape(microbatches, B // microbatches, *x.shape[1:]), batch)
+        mb_extra = jax.tree.map(
+            lambda x: x.reshape(microbatches, B // microbatches, *x.shape[1:])
+            if getattr(x, "ndim", 0) >= 1 and x.shape[0] == B
+            else jnp.broadcast_to(x, (microbatches, *jnp.shape(x))),
+            extra,
+        )
+
+        def body(acc, xs):
+            mb, ex = xs
+            (loss, metrics), g = grads_of(state.params, mb, ex)
+            acc_g, acc_loss, acc_m = acc
+            acc_g = jax.tree.map(jnp.add, acc_g, g)
+            acc_m = jax.tree.map(jnp.add, acc_m, metrics)
+            return (acc_g, acc_loss + loss, acc_m), None
+
+        zeros_g = jax.tree.map(jnp.zeros_like, state.params)
+        (_, m0), _ = jax.eval_shape(
+            lambda: grads_of(state.params, jax.tree.map(lambda x: x[0], mbs), 
+                             jax.tree.map(lambda x: x[0], mb_extra))
+        )
+        zeros_m = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), m0)
+        (g, loss, metrics), _ = jax.lax.scan(
+            body, (zeros_g, jnp.zeros((), jnp.float32), zeros_m), (mbs, mb_extra)
+        )
+        # Losses are pre-weighted so micro-batch losses *sum* to the full-batch loss; metrics are
+        # averaged over micro-batches.
+        metrics = jax.tree.map(lambda x: x / microbatches, metrics)
+        finite = _is_finite_tree(g) & jnp.isfinite(loss)
+        grad_norm = optax.global_norm(g)
+        updates, new_opt = tx.update(g, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+        new_state = state._replace(
+            params=keep(new_params, state.params),
+            opt_state=keep(new_opt, state.opt_state),
+            step=state.step + finite.astype(jnp.int32),
+            skipped=state.skipped + (~finite).astype(jnp.int32),
+        )
+        metrics = {**metrics, "loss": loss, "grad_norm": grad_norm, "nonfinite": ~finite}
+        return new_state, metrics
+
+    return jax.jit(step, donate_argnums=(0,))
