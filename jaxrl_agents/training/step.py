@@ -146,7 +146,7 @@ def make_train_step(
         # averaged over micro-batches.
         metrics = jax.tree.map(lambda x: x / microbatches, metrics)
         finite = _is_finite_tree(g) & jnp.isfinite(loss)
-        grad_norm = optax.global_norm(g)
+        grad_norm = optax.tree.norm(g)
         updates, new_opt = tx.update(g, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
