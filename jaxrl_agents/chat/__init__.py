@@ -1,0 +1,26 @@
+"""Chat layer: the shipped tiny tokenizer, chat templates, token-in/token-out rendering of
+conversations to ids and loss masks, and tool-call parsing of sampled text."""
+
+from jaxrl_agents.chat.render import ChatFormat, Encoded
+from jaxrl_agents.chat.templates import CHAT_TEMPLATES, QWEN25_CHAT_TEMPLATE, TINY_CHAT_TEMPLATE
+from jaxrl_agents.chat.tokenizer import load_tiny_tokenizer, tiny_tokenizer_path
+from jaxrl_agents.chat.tool_calls import (
+    TOOL_CALL_PARSERS,
+    ToolParser,
+    parse_tool_calls,
+    register_tool_parser,
+)
+
+__all__ = [
+    "CHAT_TEMPLATES",
+    "QWEN25_CHAT_TEMPLATE",
+    "TINY_CHAT_TEMPLATE",
+    "TOOL_CALL_PARSERS",
+    "ChatFormat",
+    "Encoded",
+    "ToolParser",
+    "load_tiny_tokenizer",
+    "parse_tool_calls",
+    "register_tool_parser",
+    "tiny_tokenizer_path",
+]

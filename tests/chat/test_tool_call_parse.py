@@ -1,0 +1,209 @@
+"""Hermes tool-call parsing: several calls, every malformed variant becomes an error call (never an
+exception), the parser registry, and render -> parse round trips through both templates."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from jaxrl_agents.chat import (
+    TOOL_CALL_PARSERS,
+    ChatFormat,
+    load_tiny_tokenizer,
+    parse_tool_calls,
+    register_tool_parser,
+)
+from jaxrl_agents.types import ToolCall
+
+
+def block(body: str) -> str:
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def test_plain_text_has_no_calls_and_is_kept_verbatim():
+    assert parse_tool_calls("  The answer is 42.\n") == ("  The answer is 42.\n", [])
+
+
+def test_several_calls_in_order_with_ids_and_content():
+    b1 = block('{"name": "search", "arguments": {"query": "river", "k": 3}}')
+    b2 = block('{"name": "open", "arguments": {"doc_id": "doc_7"}}')
+    content, calls = parse_tool_calls(f"Looking it up.\n{b1}\n{b2}")
+    assert content == "Looking it up."
+    assert [(c.id, c.name, c.arguments, c.error) for c in calls] == [
+        ("call_0", "search", {"query": "river", "k": 3}, None),
+        ("call_1", "open", {"doc_id": "doc_7"}, None),
+    ]
+    assert [c.raw for c in calls] == [b1, b2]
+
+
+def test_lenient_forms_are_valid_calls():
+    _, calls = parse_tool_calls(
+        block('{"name": "run_sql", "arguments": "{\\"query\\": \\"SELECT 1\\"}"}')
+        + block('{"name": "get_itinerary"}')
+        + block('{"name": "book_flight", "parameters": {"id": "F1"}}')
+    )
+    assert [(c.name, c.arguments, c.error) for c in calls] == [
+        ("run_sql", {"query": "SELECT 1"}, None),
+        ("get_itinerary", {}, None),
+        ("book_flight", {"id": "F1"}, None),
+    ]
+
+
+@pytest.mark.parametrize(
+    "body, name, reason",
+    [
+        ('{"name": "calculator", "arguments": {"expression": "1+"', "calculator", "invalid JSON"),
+        ("calculator(1+2)", "", "invalid JSON"),
+        ("", "", "invalid JSON"),
+        ('["calculator", {"expression": "1"}]', "", "must be a JSON object"),
+        ('{"arguments": {"expression": "1"}}', "", 'non-empty string "name"'),
+        ('{"name": 7, "arguments": {}}', "", 'non-empty string "name"'),
+        ('{"name": "  ", "arguments": {}}', "", 'non-empty string "name"'),
+        (
+            '{"name": "calculator", "arguments": [1, 2]}',
+            "calculator",
+            "must be a JSON object, got list",
+        ),
+        ('{"name": "calculator", "arguments": 12}', "calculator", "must be a JSON object, got int"),
+        ('{"name": "calculator", "arguments": "1+2"}', "calculator", "string that is not JSON"),
+        ('{"name": "calculator", "arguments": {}}}', "calculator", "invalid JSON"),
+    ],
+)
+def test_malformed_block_becomes_an_error_call(body, name, reason):
+    text = "I will compute.\n" + block(body)
+    content, calls = parse_tool_calls(text)
+    assert content == "I will compute."
+    (call,) = calls
+    assert call.error is not None and reason in call.error, call.error
+    assert (call.name, call.arguments, call.raw, call.id) == (name, {}, block(body), "call_0")
+
+
+def test_unterminated_blocks():
+    good = block('{"name": "open", "arguments": {"doc_id": "d1"}}')
+    cut = '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n'
+    content, calls = parse_tool_calls(f"Hm.\n{cut}{good}")
+    assert content == "Hm."
+    assert [c.name for c in calls] == ["search", "open"]
+    assert "unterminated" in calls[0].error and "next <tool_call>" in calls[0].error
+    assert calls[0].raw == cut and calls[0].arguments == {}
+    assert calls[1].error is None
+
+    _, (last,) = parse_tool_calls(f"{good}\n{cut}".replace(good, ""))
+    assert "end of the turn" in last.error and last.name == "search"
+
+
+def test_stray_closing_tag_stays_in_content():
+    assert parse_tool_calls("done </tool_call>") == ("done </tool_call>", [])
+
+
+_pieces = st.sampled_from(
+    [
+        "<tool_call>",
+        "</tool_call>",
+        "\n",
+        "{",
+        "}",
+        '"name"',
+        ": ",
+        '"arguments"',
+        '"x"',
+        "[1]",
+        ",",
+    ]
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(_pieces, st.text(max_size=8)), max_size=25))
+def test_arbitrary_text_never_raises(parts):
+    text = "".join(parts)
+    content, calls = parse_tool_calls(text)
+    assert "<tool_call>" not in content  # every opener is consumed into a call
+    assert len(calls) == text.count("<tool_call>")
+    for i, c in enumerate(calls):
+        assert c.id == f"call_{i}" and c.raw.startswith("<tool_call>")
+        if c.error is None:
+            assert c.name.strip() and isinstance(c.arguments, dict)
+            assert c.raw.endswith("</tool_call>")
+        else:
+            assert c.arguments == {}
+
+
+def test_registry_validates_names_and_accepts_plugins():
+    with pytest.raises(ValueError, match=r"unknown tool-call format 'xml'.*'hermes'"):
+        parse_tool_calls("x", format="xml")
+    with pytest.raises(ValueError, match="already registered"):
+        register_tool_parser("hermes", lambda text: (text, []))
+
+    @register_tool_parser("test_bang")
+    def bang(text: str) -> tuple[str, list[ToolCall]]:
+        # "!name arg" lines are calls
+        lines = text.splitlines()
+        calls = [
+            ToolCall(name=l[1:].split()[0], arguments={"arg": l.split()[1]})
+            for l in lines
+            if l.startswith("!")
+        ]
+        return "\n".join(l for l in lines if not l.startswith("!")), calls
+
+    try:
+        content, calls = parse_tool_calls("ok\n!search cats\n!open d2", format="test_bang")
+        assert content == "ok"
+        assert [(c.id, c.name, c.arguments) for c in calls] == [
+            ("call_0", "search", {"arg": "cats"}),
+            ("call_1", "open", {"arg": "d2"}),
+        ]
+        with pytest.raises(ValueError, match="unknown tool_parser 'nope'"):
+            ChatFormat(load_tiny_tokenizer(), tool_parser="nope")
+        assert ChatFormat(load_tiny_tokenizer(), tool_parser="test_bang").tool_parser == "test_bang"
+    finally:
+        TOOL_CALL_PARSERS.pop("test_bang")
+
+
+# -- render -> parse round trip ------------------------------------------------------------
+_json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.text(max_size=12),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+_json = st.recursive(
+    _json_leaf,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+    max_leaves=6,
+)
+_names = st.from_regex(r"[a-z][a-z0-9_]{0,15}", fullmatch=True)
+_calls = st.lists(
+    st.tuples(_names, st.dictionaries(st.text(max_size=8), _json, max_size=4)), max_size=3
+)
+_content = st.text(max_size=30).map(str.strip)
+
+
+@pytest.fixture(scope="module", params=["tiny", "qwen2.5"])
+def chat(request):
+    return ChatFormat(load_tiny_tokenizer(), chat_template=request.param)
+
+
+@settings(max_examples=60, deadline=None)
+@given(calls=_calls, content=_content)
+def test_rendered_calls_parse_back_to_the_same_calls(chat, calls, content):
+    blob = json.dumps([content, calls])
+    # Markup inside a JSON string would end the block early: a known limit of the Hermes format.
+    assume(not any(t in blob for t in ("<tool_call>", "</tool_call>", "<|im_end|>")))
+    message = {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [
+            {"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls
+        ],
+    }
+    text = chat.assistant_text(message)
+    parsed_message, parsed = chat.parse_assistant(text)
+    assert [(c.name, c.arguments, c.error) for c in parsed] == [(n, a, None) for n, a in calls]
+    assert parsed_message["content"] == (content if calls else text)
+    # Re-rendering the parsed message reproduces the text exactly (what no-drift relies on).
+    assert chat.assistant_text(parsed_message) == text
