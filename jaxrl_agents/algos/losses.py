@@ -1,0 +1,288 @@
+"""Policy losses (PPO-clip with clip-higher and dual-clip, GSPO, CISPO, vanilla PG), the clipped
+value loss, entropy bonus and KL term, with the four published loss-aggregation modes.
+
+All inputs are ``Float['B T']`` arrays aligned with ``rollout.packing.TrainBatch`` (position ``t``
+describes token ``t + 1``); only positions with ``loss_mask == 1`` contribute. Usage::
+
+    loss, metrics = policy_loss(logprobs=lp, old_logprobs=batch.old_logprobs,
+                                advantages=batch.advantages, loss_mask=batch.loss_mask, cfg=cfg)
+
+Aggregation (``LossConfig.agg_mode``), with ``m`` the mask, ``n_i = sum_t m_it`` and ``S`` the
+number of sequences that have at least one sampled token:
+
+* ``token-mean``               ``sum_it m x / sum_it m``                 (DAPO; every token equal)
+* ``seq-mean-token-sum``       ``sum_it m x / S``
+* ``seq-mean-token-mean``      ``(1/S) sum_i (sum_t m x) / n_i``        (original GRPO, GSPO)
+* ``seq-mean-token-sum-norm``  ``sum_it m x / (S * max_len)``           (Dr. GRPO's constant;
+  ``max_len`` = ``LossConfig.max_len_norm`` or ``T``. verl once divided by ``T`` only; the extra
+  ``1/S`` matches the Dr. GRPO paper's listing and is a constant factor for fixed batch size.)
+
+Every mode is ``numerator / denominator``; pass ``denominator=aggregation_denominator(full_mask,
+...)`` when a batch is split into micro-batches so the summed micro-batch losses equal the
+full-batch loss.
+
+Deviation: the value loss uses the same aggregation mode (and denominator) as the policy loss, so
+micro-batch weighting stays consistent; published PPO code mostly uses token-mean for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_agents.algos.kl import KL_ESTIMATORS, kl_penalty
+
+Array = jax.Array
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Policy-loss choice and coefficients (Hydra group ``loss``)."""
+
+    name: str = "ppo_clip"
+    """Registered policy loss (see ``POLICY_LOSSES``)."""
+    clip_low: float = 0.2
+    """Ratio clip below: ``1 - clip_low``."""
+    clip_high: float = 0.2
+    """Ratio clip above: ``1 + clip_high`` (clip-higher, DAPO: 0.28)."""
+    dual_clip: float | None = None
+    """Dual-clip constant ``c > 1`` (Ye et al. 2020) bounding the loss of negative advantages."""
+    agg_mode: str = "token-mean"
+    """One of ``AGG_MODES``."""
+    kl_coef: float = 0.0
+    """Weight of the KL-to-reference term (0 disables it)."""
+    kl_estimator: str = "k3"
+    """k1 | k2 | k3 (see ``algos.kl``)."""
+    kl_as_reward: bool = False
+    """Apply KL as a reward penalty (``algos.kl.kl_reward``) instead of as a loss term."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (subtracted from the loss)."""
+    vf_coef: float = 0.0
+    """Value-loss weight (GAE / turn-level GAE with a value head)."""
+    vf_clip: float | None = None
+    """Clip of the value prediction around the rollout's value (PPO's clipped value loss)."""
+    max_len_norm: int | None = None
+    """Dr. GRPO's constant for ``seq-mean-token-sum-norm``; None: the padded length ``T``."""
+
+    def __post_init__(self) -> None:
+        if self.name not in POLICY_LOSSES:
+            raise ValueError(
+                f"unknown policy loss {self.name!r}; valid: {', '.join(sorted(POLICY_LOSSES))}"
+            )
+        if self.agg_mode not in AGG_MODES:
+            raise ValueError(f"unknown agg_mode {self.agg_mode!r}; valid: {', '.join(AGG_MODES)}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(
+                f"unknown kl_estimator {self.kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}"
+            )
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be None or > 1, got {self.dual_clip}")
+        if self.clip_low < 0 or self.clip_high < 0:
+            raise ValueError(f"clip_low={self.clip_low} / clip_high={self.clip_high} must be >= 0")
+
+
+# -- aggregation ------------------------------------------------------------------------------
+
+
+def _num_seqs(mask: Array) -> Array:
+    return jnp.maximum((mask.sum(-1) > 0).sum().astype(mask.dtype), 1.0)
+
+
+def aggregation_denominator(mask: Array, mode: str, *, max_len: int | None = None) -> Array:
+    """The scalar a mode divides by, for ``mask: Float['B T']`` (see the module docstring)."""
+    if mode == "token-mean":
+        return jnp.maximum(mask.sum(), 1.0)
+    if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        return _num_seqs(mask)
+    if mode == "seq-mean-token-sum-norm":
+        return _num_seqs(mask) * float(max_len or mask.shape[-1])
+    raise ValueError(f"unknown agg_mode {mode!r}; valid: {', '.join(AGG_MODES)}")
+
+
+def aggregate(
+    x: Array,
+    mask: Array,
+    mode: str,
+    *,
+    max_len: int | None = None,
+    denominator: Array | None = None,
+) -> Array:
+    """Reduce per-token ``x: Float['B T']`` to a scalar by ``mode`` (only masked entries count)."""
+    denom = (
+        aggregation_denominator(mask, mode, max_len=max_len) if denominator is None else denominator
+    )
+    xm = jnp.where(mask > 0, x, 0.0)
+    if mode == "seq-mean-token-mean":
+        num = (xm.sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).sum()
+    else:
+        num = xm.sum()
+    return num / denom
+
+
+def _masked_mean(x: Array, mask: Array) -> Array:
+    return jnp.where(mask > 0, x, 0.0).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+# -- policy losses ----------------------------------------------------------------------------
+
+
+class TokenLoss(NamedTuple):
+    loss: Array  # Float['B T']  per-token policy loss (to be aggregated)
+    ratio: Array  # Float['B T']  importance ratio used
+    clipped: Array  # Bool['B T']  where clipping changed the (value or gradient of the) loss
+
+
+LossFn = Callable[..., TokenLoss]
+POLICY_LOSSES: dict[str, LossFn] = {}
+
+
+def register_policy_loss(name: str):
+    """Register ``fn(*, logprobs, old_logprobs, advantages, loss_mask, cfg) -> TokenLoss``."""
+
+    def deco(fn: LossFn) -> LossFn:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return deco
+
+
+def _clipped_surrogate(ratio: Array, adv: Array, cfg: LossConfig) -> tuple[Array, Array]:
+    unclipped = -adv * ratio
+    clipped = -adv * jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    loss = jnp.maximum(unclipped, clipped)
+    was_clipped = clipped > unclipped
+    if cfg.dual_clip is not None:
+        # Negative advantage and a huge ratio: bound the loss at -c*A (Ye et al. 2020).
+        bound = -adv * cfg.dual_clip
+        dual = (adv < 0) & (bound < loss)
+        loss = jnp.where(dual, bound, loss)
+        was_clipped = was_clipped | dual
+    return loss, was_clipped
+
+
+@register_policy_loss("ppo_clip")
+def ppo_clip(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) -> TokenLoss:
+    """PPO (Schulman et al. 2017) with decoupled clip (DAPO, Yu et al. 2025) and optional
+    dual-clip: ``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))``, ``r = exp(logp - logp_old)``."""
+    ratio = jnp.exp(logprobs - jax.lax.stop_gradient(old_logprobs))
+    loss, clipped = _clipped_surrogate(ratio, advantages, cfg)
+    return TokenLoss(loss, ratio, clipped)
+
+
+@register_policy_loss("gspo")
+def gspo(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) -> TokenLoss:
+    """GSPO (Zheng et al. 2025), token form: the sequence ratio ``s_i = exp(mean_t (logp -
+    logp_old))`` clipped as in PPO; ``s_it = sg(s_i) * pi/sg(pi)`` carries the gradient
+    ``s_i grad logp_t`` so that with per-sequence advantages and ``seq-mean-token-mean`` this is
+    exactly GSPO. Clip ranges are ~1e-4 (paper: 3e-4 / 4e-4), not PPO's 0.2."""
+    lr = (logprobs - jax.lax.stop_gradient(old_logprobs)) * loss_mask
+    seq_lr = lr.sum(-1) / jnp.maximum(loss_mask.sum(-1), 1.0)
+    ratio = jnp.exp(
+        jax.lax.stop_gradient(seq_lr)[:, None] + logprobs - jax.lax.stop_gradient(logprobs)
+    )
+    loss, clipped = _clipped_surrogate(ratio, advantages, cfg)
+    return TokenLoss(loss, ratio, clipped)
+
+
+@register_policy_loss("cispo")
+def cispo(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) -> TokenLoss:
+    """CISPO (MiniMax-M1, 2025): ``-sg(clip(r, 1-eps_low, 1+eps_high)) A logp``. The importance
+    weight is clipped and detached, so no token's gradient is dropped (unlike PPO's clip)."""
+    ratio = jnp.exp(logprobs - jax.lax.stop_gradient(old_logprobs))
+    w = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high))
+    clipped = (ratio < 1.0 - cfg.clip_low) | (ratio > 1.0 + cfg.clip_high)
+    return TokenLoss(-w * advantages * logprobs, ratio, clipped)
+
+
+@register_policy_loss("vanilla_pg")
+def vanilla_pg(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) -> TokenLoss:
+    """REINFORCE (Williams 1992): ``-A logp`` (on-policy; no importance ratio)."""
+    ratio = jnp.exp(jax.lax.stop_gradient(logprobs - old_logprobs))
+    return TokenLoss(-advantages * logprobs, ratio, jnp.zeros_like(ratio, bool))
+
+
+# -- the full objective -----------------------------------------------------------------------
+
+
+def value_loss(
+    values: Array, returns: Array, *, old_values: Array | None, vf_clip: float | None
+) -> tuple[Array, Array]:
+    """Per-token ``0.5 max((V - R)^2, (V_old + clip(V - V_old, +-c) - R)^2)`` and the clip mask."""
+    err = (values - returns) ** 2
+    if vf_clip is None or old_values is None:
+        return 0.5 * err, jnp.zeros_like(err, bool)
+    v_clip = old_values + jnp.clip(values - old_values, -vf_clip, vf_clip)
+    err_clip = (v_clip - returns) ** 2
+    return 0.5 * jnp.maximum(err, err_clip), err_clip > err
+
+
+def policy_loss(
+    *,
+    logprobs: Array,
+    old_logprobs: Array,
+    advantages: Array,
+    loss_mask: Array,
+    cfg: LossConfig,
+    ref_logprobs: Array | None = None,
+    entropy: Array | None = None,
+    values: Array | None = None,
+    old_values: Array | None = None,
+    returns: Array | None = None,
+    denominator: Array | None = None,
+) -> tuple[Array, dict[str, Array]]:
+    """Scalar loss ``pg + kl_coef kl - entropy_coef H + vf_coef vf`` and metrics.
+
+    All array arguments are ``Float['B T']``; ``denominator`` overrides the aggregation denominator
+    (micro-batching). Metrics: loss, pg_loss, clip_frac, approx_kl (k3 of old vs new), ratio_mean,
+    ratio_max, and kl / entropy / vf_loss / vf_clip_frac when those terms are present.
+    """
+    m = loss_mask
+    agg = lambda x: aggregate(x, m, cfg.agg_mode, max_len=cfg.max_len_norm, denominator=denominator)
+    tok = POLICY_LOSSES[cfg.name](
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=jax.lax.stop_gradient(advantages),
+        loss_mask=m,
+        cfg=cfg,
+    )
+    pg = agg(tok.loss)
+    ratio = jax.lax.stop_gradient(tok.ratio)
+    log_ratio = jax.lax.stop_gradient(logprobs - old_logprobs)
+    metrics = {
+        "pg_loss": pg,
+        "clip_frac": _masked_mean(tok.clipped.astype(m.dtype), m),
+        "approx_kl": _masked_mean(jnp.expm1(log_ratio) - log_ratio, m),
+        "ratio_mean": _masked_mean(ratio, m),
+        "ratio_max": jnp.max(jnp.where(m > 0, ratio, -jnp.inf)),
+    }
+    loss = pg
+    if ref_logprobs is not None:
+        kl = agg(kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator))
+        metrics["kl"] = jax.lax.stop_gradient(kl)
+        if cfg.kl_coef and not cfg.kl_as_reward:
+            loss = loss + cfg.kl_coef * kl
+    elif cfg.kl_coef and not cfg.kl_as_reward:
+        raise ValueError(f"kl_coef={cfg.kl_coef} needs ref_logprobs (or set kl_as_reward=true)")
+    if entropy is not None:
+        ent = agg(entropy)
+        metrics["entropy"] = jax.lax.stop_gradient(ent)
+        loss = loss - cfg.entropy_coef * ent
+    if cfg.vf_coef:
+        if values is None or returns is None:
+            raise ValueError(f"vf_coef={cfg.vf_coef} needs values and returns (a value head)")
+        vf_tok, vf_clipped = value_loss(
+            values, jax.lax.stop_gradient(returns), old_values=old_values, vf_clip=cfg.vf_clip
+        )
+        vf = agg(vf_tok)
+        metrics["vf_loss"] = jax.lax.stop_gradient(vf)
+        metrics["vf_clip_frac"] = _masked_mean(vf_clipped.astype(m.dtype), m)
+        loss = loss + cfg.vf_coef * vf
+    metrics["loss"] = jax.lax.stop_gradient(loss)
+    return loss, metrics
