@@ -55,25 +55,25 @@ def _replace_known(cfg, **kw):
     return dataclasses.replace(cfg, **{k: v for k, v in kw.items() if k in names})
 
 
-def resolve_env(env_cfg: dict[str, Any]) -> tuple[type, dict[str, Any]]:
-    """``{_target_: name-or-dotted.path, **kwargs}`` -> (Env class, kwargs)."""
-    from jaxrl_agents.envs import ENVIRONMENTS
+def resolve_env(env_cfg: dict[str, Any]) -> tuple[type, dict[str, Any], dict[str, Any]]:
+    """``{_target_: name-or-class-path, tasks: {...}, **kwargs}`` -> (Env class, constructor
+    kwargs, ``make_tasks`` kwargs)."""
+    from jaxrl_agents.envs import resolve_env_class
 
     env_cfg = dict(env_cfg)
-    target = env_cfg.pop("_target_", None) or env_cfg.pop("name", None)
+    target = env_cfg.pop("_target_", None)
+    task_kw = dict(env_cfg.pop("tasks", None) or {})
     if target is None:
-        raise ConfigError(f"env config needs '_target_' (one of {sorted(ENVIRONMENTS)} or a class path)")
-    if target in ENVIRONMENTS:
-        return ENVIRONMENTS[target], env_cfg
-    module, _, attr = target.rpartition(".")
+        raise ConfigError("env config needs '_target_' (a registered env name or a class path)")
     try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(
-            f"env._target_={target!r} is neither a registered env ({', '.join(sorted(ENVIRONMENTS))})"
-            f" nor an importable class: {e}"
-        ) from e
-    return cls, env_cfg
+        cls = resolve_env_class(target)
+    except ValueError as e:
+        raise ConfigError(f"env._target_: {e}") from e
+    try:
+        cls(**env_cfg)  # validate constructor kwargs now, not in the first episode
+    except TypeError as e:
+        raise ConfigError(f"env: {e}") from e
+    return cls, env_cfg, task_kw
 
 
 def oracle_for(env_cls: type):

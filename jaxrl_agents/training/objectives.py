@@ -1,8 +1,9 @@
 """Losses as seen by the train step: SFT (masked NLL) and RL (the configured policy loss).
 
-Gradient accumulation is exact: every micro-batch loss is scaled by its share of the full batch's
-aggregation denominator (tokens for token-mean, sequences for the seq-mean modes), so the sum over
-micro-batches equals the loss of the whole batch (tested in ``tests/training``).
+Gradient accumulation is exact: every micro-batch divides by the *full* batch's aggregation
+denominator (``extra["denom"]``: tokens for token-mean, sequences for the seq-mean modes; see
+``algos.aggregation_denominator``), so micro-batch losses sum to the loss of the whole batch
+(tested in ``tests/training``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,6 @@ import jax.numpy as jnp
 
 from jaxrl_agents.rollout.packing import TrainBatch
 from jaxrl_agents.training.logprobs import token_stats
-
-
-def denominator(loss_mask: jax.Array, agg_mode: str) -> jax.Array:
-    """What an aggregation mode divides by: valid tokens (token-mean) or valid sequences."""
-    if agg_mode == "token-mean":
-        return jnp.sum(loss_mask)
-    return jnp.sum(jnp.any(loss_mask > 0, axis=-1))
 
 
 def sft_loss(*, chunk: int):
@@ -62,15 +56,15 @@ def rl_loss(loss_cfg: Any, *, chunk: int):
             cfg=loss_cfg,
             ref_logprobs=extra.get("ref_logprobs"),
             entropy=stats.entropy if need_entropy else None,
+            denominator=extra["denom"],
         )
         mask = mb.loss_mask
-        share = denominator(mask, loss_cfg.agg_mode) / jnp.maximum(extra["denom"], 1.0)
         n = jnp.maximum(jnp.sum(mask), 1.0)
         metrics = {
             **metrics,
             "entropy": jnp.sum(stats.entropy * mask) / n,
             "logprob_diff": jnp.sum(jnp.abs(stats.logprobs - mb.old_logprobs) * mask) / n,
         }
-        return loss * share, metrics
+        return loss, metrics
 
     return loss_fn

@@ -39,7 +39,7 @@ from jaxrl_agents.training import builders as B
 from jaxrl_agents.training.checkpoint import Checkpointer
 from jaxrl_agents.training.config import RunConfig
 from jaxrl_agents.training.metrics import RunLogger
-from jaxrl_agents.training.objectives import denominator, rl_loss, sft_loss
+from jaxrl_agents.training.objectives import rl_loss, sft_loss
 from jaxrl_agents.training.step import OptimizerConfig, TrainState, init_train_state, make_train_step
 
 log = logging.getLogger("jaxrl_agents")
@@ -56,6 +56,7 @@ class Components:
     rest: Any
     env_cls: type
     env_kwargs: dict
+    task_kwargs: dict
     reward: Any
     adv_cfg: Any
     loss_cfg: Any
@@ -63,6 +64,9 @@ class Components:
 
     def env_factory(self):
         return self.env_cls(**self.env_kwargs)
+
+    def tasks(self, split: str, n: int, *, seed: int):
+        return self.env_cls.make_tasks(split, n, seed=seed, **self.task_kwargs)
 
     def merged(self, params):
         return nnx.merge(self.graphdef, params, self.rest)
@@ -80,7 +84,7 @@ def build_components(cfg: RunConfig) -> Components:
     loss_cfg = build(LossConfig, cfg.loss, "loss")
     reward_cfg = RewardConfig.from_dict(cfg.reward)
     adv_cfg.validate(group_size=cfg.rollout.group_size, has_turns=True)
-    env_cls, env_kwargs = B.resolve_env(cfg.env)
+    env_cls, env_kwargs, task_kwargs = B.resolve_env(cfg.env)
     if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
         raise ConfigError(f"model.path={cfg.model.path!r} is not a folder (a local HF checkpoint)")
     mesh = make_mesh(tuple(cfg.mesh.shape))
@@ -90,7 +94,7 @@ def build_components(cfg: RunConfig) -> Components:
     graphdef, _, rest = B.split_params(model)
     run_dir = Path(cfg.run_dir)
     return Components(
-        cfg, mesh, tokenizer, chat, model, graphdef, rest, env_cls, env_kwargs,
+        cfg, mesh, tokenizer, chat, model, graphdef, rest, env_cls, env_kwargs, task_kwargs,
         RewardComposer(reward_cfg), adv_cfg, loss_cfg, run_dir,
     )
 
@@ -137,7 +141,7 @@ async def golden_data(c: Components, n: int) -> list[tuple[list[int], list[int]]
         kw["rng"] = rng
 
     engine = ScriptedEngine(c.chat, policy_factory=lambda task: oracle(task, **kw))
-    tasks = c.env_cls.make_tasks("train", n, seed=c.cfg.seed + 7919)
+    tasks = c.tasks("train", n, seed=c.cfg.seed + 7919)
     orch = _orchestrator(c, engine, greedy=True, reward=False)
     trajs = await orch.run(tasks, group_size=1, seed=c.cfg.seed)
     return [(t.token_ids, t.loss_mask) for t in trajs]
@@ -179,8 +183,8 @@ async def _run(cfg: RunConfig) -> dict[str, Any]:
         c.run_dir / "checkpoints", keep=tr.keep_checkpoints, async_save=tr.async_checkpoints,
         best_metric="heldout_success",
     )
-    heldout = c.env_cls.make_tasks("heldout", tr.heldout_tasks, seed=cfg.seed)
-    train_tasks = c.env_cls.make_tasks("train", max(tr.rl_steps * tr.tasks_per_step, 1), seed=cfg.seed)
+    heldout = c.tasks("heldout", tr.heldout_tasks, seed=cfg.seed)
+    train_tasks = c.tasks("train", max(tr.rl_steps * tr.tasks_per_step, 1), seed=cfg.seed)
 
     _, params, _ = B.split_params(c.model)
     sft_tx, rl_tx = _sft_optimizer(cfg).build(), cfg.optimizer.build()
@@ -266,7 +270,12 @@ async def _sft(c: Components, state: TrainState, start: int, tx, ckpt, logger) -
 
 
 async def _rl(c, engine, state, start, tx, ckpt, logger, heldout, train_tasks, stages):
-    from jaxrl_agents.algos import AdvantageInputs, compute_advantages
+    from jaxrl_agents.algos import (
+        AdvantageInputs,
+        aggregation_denominator,
+        compute_advantages,
+        kl_reward,
+    )
 
     cfg, tr, r = c.cfg, c.cfg.trainer, c.cfg.rollout
     curve: list[dict[str, float]] = stages.get("curve", [])
@@ -303,8 +312,18 @@ async def _rl(c, engine, state, start, tx, ckpt, logger, heldout, train_tasks, s
         packed = pack(trajs, buckets=tr.seq_buckets, batch_size=batch_rows, max_turns=r.max_turns,
                       pad_id=c.chat.pad_id)
         b, ep = packed.batch, packed.episodes
+        rewards = jnp.asarray(ep.rewards)
+        kl_metrics = {}
+        if ref_params is not None and c.loss_cfg.kl_as_reward:
+            # KL to the reference as a reward penalty (rather than a loss term).
+            ref_lp = ref_fn(ref_params, B.place(b, sharding))
+            rewards, kl_traj = kl_reward(
+                rewards, logprobs=jnp.asarray(b.old_logprobs), ref_logprobs=ref_lp,
+                loss_mask=jnp.asarray(b.loss_mask), kind=c.loss_cfg.kl_estimator,
+                coef=c.loss_cfg.kl_coef)
+            kl_metrics = {"kl_reward": float(jnp.mean(kl_traj))}
         inputs = AdvantageInputs(
-            rewards=jnp.asarray(ep.rewards), group_ids=jnp.asarray(ep.group_ids),
+            rewards=rewards, group_ids=jnp.asarray(ep.group_ids),
             loss_mask=jnp.asarray(b.loss_mask), turn_ids=jnp.asarray(b.turn_ids),
             turn_rewards=jnp.asarray(ep.turn_rewards), turn_mask=jnp.asarray(ep.turn_mask),
             anchor_ids=jnp.asarray(ep.anchor_ids),
@@ -320,8 +339,9 @@ async def _rl(c, engine, state, start, tx, ckpt, logger, heldout, train_tasks, s
             for m in range(tr.minibatches):
                 rows = perm[m * mb_rows:(m + 1) * mb_rows]
                 mb = B.place(jax.tree.map(lambda x, rows=rows: x[rows], b), sharding)
-                extra = {"denom": denominator(mb.loss_mask, c.loss_cfg.agg_mode)}
-                if ref_params is not None:
+                extra = {"denom": aggregation_denominator(
+                    mb.loss_mask, c.loss_cfg.agg_mode, max_len=c.loss_cfg.max_len_norm)}
+                if ref_params is not None and not c.loss_cfg.kl_as_reward:
                     extra["ref_logprobs"] = ref_fn(ref_params, mb)
                 state, metrics = await asyncio.to_thread(step_fn, state, mb, extra)
         metrics = jax.device_get(metrics)
@@ -347,6 +367,7 @@ async def _rl(c, engine, state, start, tx, ckpt, logger, heldout, train_tasks, s
             "staleness": float(np.mean([tr.sft_steps + s - t.policy_version for t in trajs])),
             "compiles": getattr(engine, "compile_count", 0),
             **{k: float(np.asarray(v)) for k, v in metrics.items()},
+            **kl_metrics,
         }
         logger.log(s + 1, row, stage="rl")
         if hasattr(bar, "set_postfix"):

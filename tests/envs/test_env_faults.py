@@ -1,0 +1,146 @@
+"""Fault injection at the env level: every failure is a ToolResult the model reads, never an
+exception out of ``step``, and a turn's wall time stays bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from jaxrl_agents.envs import Env, tool
+from jaxrl_agents.types import Ann, Task, ToolCall, ToolErrorKind, Verdict
+
+
+class FaultyEnv(Env):
+    name = "faulty"
+
+    @tool
+    def boom(self) -> str:
+        """Always raises."""
+        raise RuntimeError("disk on fire")
+
+    @tool
+    def hang_sync(self, seconds: float) -> str:
+        """Blocks a thread.
+
+        Args:
+            seconds: how long.
+        """
+        time.sleep(seconds)
+        return "woke"
+
+    @tool
+    async def hang_async(self) -> str:
+        """Never returns."""
+        await asyncio.sleep(3600)
+        return "never"
+
+    @tool
+    def huge(self) -> str:
+        """Returns 1 MB."""
+        return "x" * 1_000_000
+
+    @tool
+    def echo(self, text: str, times: int = 1) -> str:
+        """Echo.
+
+        Args:
+            text: what.
+            times: how often.
+        """
+        return text * times
+
+    def judge(self, answer):
+        return Verdict(success=False)
+
+
+TASK = Task(id="t0", env="faulty", split="train", data={"question": "break things"})
+
+
+def _run_turn(calls):
+    env = FaultyEnv(tool_timeout_s=0.3, tool_output_max_chars=500)
+
+    async def go():
+        await env.reset(TASK)
+        return await env.step({"role": "assistant", "content": ""}, calls)
+
+    t0 = time.perf_counter()
+    step = asyncio.run(go())
+    return step, time.perf_counter() - t0
+
+
+def test_every_fault_becomes_a_readable_tool_error_in_bounded_time():
+    calls = [
+        ToolCall("boom", {}, id="c0"),
+        ToolCall("hang_sync", {"seconds": 2.0}, id="c1"),
+        ToolCall("hang_async", {}, id="c2"),
+        ToolCall("huge", {}, id="c3"),
+        ToolCall("", {}, id="c4", raw="<tool_call>{oops", error="invalid JSON at char 5"),
+        ToolCall("serch", {"q": 1}, id="c5"),
+        ToolCall("echo", {"text": 5}, id="c6"),
+        ToolCall("echo", {"text": "ok", "times": 2}, id="c7"),
+    ]
+    step, wall = _run_turn(calls)
+    # Two timeouts of 0.3 s each, sequential; the 2 s sleeper's thread is abandoned, not awaited.
+    assert wall < 1.5, wall
+    assert not step.done
+    kinds = [r.error_kind for r in step.tool_results]
+    assert kinds == [
+        ToolErrorKind.TOOL_ERROR,
+        ToolErrorKind.TIMEOUT,
+        ToolErrorKind.TIMEOUT,
+        None,
+        ToolErrorKind.MALFORMED,
+        ToolErrorKind.UNKNOWN_TOOL,
+        ToolErrorKind.BAD_ARGUMENTS,
+        None,
+    ]
+    text = [m["content"] for m in step.messages]
+    assert text[0] == "Error: boom failed: RuntimeError: disk on fire"
+    assert text[1] == "Error: hang_sync timed out after 0.3 s"
+    assert text[3].startswith("x" * 500) and text[3].endswith("[truncated 999500 chars]")
+    assert text[4] == "Error: could not parse tool call: invalid JSON at char 5"
+    assert text[5] == (
+        "Error: unknown tool 'serch'. Available: boom, hang_sync, hang_async, huge, echo"
+    )
+    assert text[6] == "Error: bad arguments for echo: 'text' must be string, got int 5"
+    assert text[7] == "okok"
+    assert [m["tool_call_id"] for m in step.messages] == [f"c{i}" for i in range(8)]
+    assert all(m["role"] == "tool" for m in step.messages)
+
+
+def test_malformed_only_turn_is_not_a_final_answer():
+    step, _ = _run_turn([ToolCall("", {}, error="no closing tag")])
+    assert not step.done and step.annotations[Ann.ANSWERED] is False
+    assert step.tool_results[0].error_kind is ToolErrorKind.MALFORMED
+
+
+def test_repeated_identical_calls_are_annotated():
+    env = FaultyEnv()
+
+    async def go():
+        await env.reset(TASK)
+        call = ToolCall("echo", {"text": "a"})
+        s1 = await env.step({"role": "assistant"}, [call])
+        s2 = await env.step({"role": "assistant"}, [call, ToolCall("echo", {"text": "b"})])
+        return s1, s2, await env.verify()
+
+    s1, s2, verdict = asyncio.run(go())
+    assert (s1.annotations["repeated_calls"], s2.annotations["repeated_calls"]) == (0, 1)
+    assert verdict.info["repeated_calls"] == 1 and verdict.info["tool_calls"] == 3
+
+
+def test_many_concurrent_episodes_with_hanging_tools_finish_together():
+    # 32 episodes, each hitting a 0.3 s timeout: concurrency hides it (far below 32 * 0.3 s).
+    async def one():
+        env = FaultyEnv(tool_timeout_s=0.3)
+        await env.reset(TASK)
+        step = await env.step({"role": "assistant"}, [ToolCall("hang_async", {})])
+        return step.tool_results[0].error_kind
+
+    async def main():
+        return await asyncio.gather(*[one() for _ in range(32)])
+
+    t0 = time.perf_counter()
+    kinds = asyncio.run(main())
+    assert time.perf_counter() - t0 < 2.0
+    assert set(kinds) == {ToolErrorKind.TIMEOUT}

@@ -1,0 +1,106 @@
+"""Travel env: oracle/wrong policies, per-turn constraint drift, cancel, splits."""
+
+from __future__ import annotations
+
+import asyncio
+
+from jaxrl_agents.envs.base import calls_from_message, drive
+from jaxrl_agents.envs.travel import TravelEnv, _catalog, oracle_policy, wrong_policy
+from jaxrl_agents.types import Ann
+
+
+def test_oracle_solves_and_first_result_policy_fails():
+    for task in TravelEnv.make_tasks("heldout", 25):
+        verdict, messages, anns = asyncio.run(drive(TravelEnv(), task, oracle_policy(task)))
+        assert verdict.success, messages
+        assert verdict.info["total_cost"] <= task.data["budget"]
+        assert all(a[Ann.CONSTRAINT_VIOLATIONS] == [] for a in anns)
+        assert verdict.info[Ann.EVIDENCE_IN_ANSWER]
+        verdict, _, anns = asyncio.run(drive(TravelEnv(), task, wrong_policy(task)))
+        assert not verdict.success
+        assert anns[-1][Ann.CONSTRAINT_VIOLATIONS]  # budget or stars, visible per turn
+
+
+def _msg(*calls):
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": f"c{i}", "function": {"name": n, "arguments": a}}
+            for i, (n, a) in enumerate(calls)
+        ],
+    }
+
+
+def test_constraint_drift_is_visible_and_cancel_repairs_it():
+    task = TravelEnv.make_tasks("train", 1, seed=5)[0]
+    d = task.data
+    cat = _catalog(d)
+    env = TravelEnv()
+
+    async def go():
+        policy = oracle_policy(task)
+        msgs = list((await env.reset(task)).messages)
+        anns = []
+        for _ in range(2):  # search, then book the valid plan
+            m = policy(msgs)
+            step = await env.step(m, calls_from_message(m))
+            msgs += [m, *step.messages]
+            anns.append(step.annotations)
+        pricey = max(cat["hotels"].values(), key=lambda h: h["night"])
+        extra = _msg(
+            ("book_hotel", {"hotel_id": pricey["id"], "checkin": d["start"], "checkout": d["end"]})
+        )
+        s3 = await env.step(extra, calls_from_message(extra))
+        undo = _msg(("cancel", {"booking_id": "B4"}))
+        s4 = await env.step(undo, calls_from_message(undo))
+        final = {"role": "assistant", "content": "Booked B1, B2, B3."}
+        s5 = await env.step(final, [])
+        return anns, s3, s4, s5, await env.verify()
+
+    anns, s3, s4, s5, verdict = asyncio.run(go())
+    assert anns[1][Ann.CONSTRAINT_VIOLATIONS] == [] and anns[1][Ann.PROGRESS] == 1.0
+    drift = s3.annotations[Ann.CONSTRAINT_VIOLATIONS]
+    assert any(v.startswith("overlapping stays: B3 and B4") for v in drift), drift
+    assert s3.messages[0]["content"].startswith("Booked B4")
+    assert s4.messages[0]["content"].startswith("Cancelled B4")
+    assert s5.annotations[Ann.CONSTRAINT_VIOLATIONS] == []
+    assert s4.annotations[Ann.STATE_KEY] != s5.annotations[Ann.STATE_KEY]
+    assert verdict.success and verdict.info["bookings"] == ["B1", "B2", "B3"]
+
+
+def test_wrong_dates_and_bad_input_are_reported():
+    task = TravelEnv.make_tasks("train", 1, seed=2)[0]
+    d = task.data
+    cat = _catalog(d)
+    off_day = next(
+        f for f in cat["flights"].values() if f["origin"] == d["origin"] and f["date"] != d["start"]
+    )
+    turns = iter(
+        [
+            _msg(
+                ("book_flight", {"flight_id": off_day["id"]}),
+                ("book_flight", {"flight_id": "FL0"}),
+                ("search_hotels", {"city": d["dest"], "checkin": "tomorrow", "checkout": d["end"]}),
+                ("cancel", {"booking_id": "B9"}),
+            ),
+            {"role": "assistant", "content": "done"},
+        ]
+    )
+    verdict, messages, anns = asyncio.run(drive(TravelEnv(), task, lambda m: next(turns)))
+    assert "is not a trip leg" in anns[0][Ann.CONSTRAINT_VIOLATIONS][0]
+    contents = [m["content"] for m in messages if m["role"] == "tool"]
+    assert contents[1] == "Error: unknown flight_id 'FL0'; use an id from search_flights"
+    assert contents[2] == "Error: checkin must be a date YYYY-MM-DD, got 'tomorrow'"
+    assert contents[3] == "Error: no active booking 'B9'. Active: B1"
+    assert not verdict.success and set(verdict.info[Ann.MISSING_STEPS]) == {
+        "book_outbound",
+        "book_return",
+        "book_hotel",
+    }
+
+
+def test_splits_disjoint():
+    train = {t.data["key"] for t in TravelEnv.make_tasks("train", 400)}
+    held = {t.data["key"] for t in TravelEnv.make_tasks("heldout", 100)}
+    assert train.isdisjoint(held) and len(train) == 400 and len(held) == 100
