@@ -1,0 +1,134 @@
+"""Trajectory metrics for evaluation reports: pass@k, per-task outcomes, reward terms, effort.
+
+:func:`evaluation_metrics` extends :func:`~jaxrl_agents.evaluation.summary.summarize` (which the
+trainer also uses) with what a held-out report needs when each task is sampled ``G`` times:
+
+* ``pass@k`` for every requested ``k <= G``, with the unbiased estimator of Chen et al. (2021,
+  "Evaluating Large Language Models Trained on Code", eq. 1): per task with ``n`` samples of
+  which ``c`` succeed, ``pass@k = 1 - C(n-c, k) / C(n, k)``, averaged over tasks. With ``G = 1``
+  ``pass@1`` is the success rate.
+* per-term reward statistics (mean, std, min, max) as written by the reward composer;
+* effort distributions (turns, tool calls, generated / total tokens: mean, median, p90, max);
+* termination reasons and tool-error kinds as counts.
+
+Every number is a plain Python float/int/list, so the dict is the report's JSON as it is.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from jaxrl_agents.evaluation.summary import summarize
+from jaxrl_agents.types import Trajectory
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task from ``n`` samples with ``c`` successes (needs ``k <= n``)."""
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: need 0 <= c <= n, got c={c}, n={n}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: k={k} must be in [1, n={n}] (samples per task)")
+    if n - c < k:
+        return 1.0
+    # 1 - prod_{i=n-c+1}^{n} (1 - k/i): the ratio of binomials without big integers.
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def group_by_task(trajs: Sequence[Trajectory]) -> dict[str, list[Trajectory]]:
+    """Trajectories per task id, in first-seen task order, samples sorted by ``sample_index``."""
+    out: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        out.setdefault(t.task.id, []).append(t)
+    return {k: sorted(v, key=lambda t: t.sample_index) for k, v in out.items()}
+
+
+def pass_at_ks(trajs: Sequence[Trajectory], ks: Sequence[int]) -> dict[str, float]:
+    """``{"pass@k": mean over tasks}`` for each ``k`` (every task needs at least ``k`` samples)."""
+    groups = group_by_task(trajs)
+    if not groups:
+        return {}
+    fewest = min(len(g) for g in groups.values())
+    out = {}
+    for k in ks:
+        if k > fewest:
+            raise ValueError(
+                f"pass@{k} needs >= {k} samples per task; the fewest any task has is {fewest} "
+                f"(raise samples= or drop k={k})"
+            )
+        vals = [pass_at_k(len(g), sum(t.success for t in g), k) for g in groups.values()]
+        out[f"pass@{k}"] = sum(vals) / len(vals)
+    return out
+
+
+def _dist(xs: Sequence[float]) -> dict[str, float]:
+    if not xs:
+        return {"mean": 0.0, "median": 0.0, "p90": 0.0, "max": 0.0}
+    s = sorted(xs)
+    # Nearest-rank percentile: an observed value, no interpolation.
+    p90 = s[min(len(s) - 1, math.ceil(0.9 * len(s)) - 1)]
+    return {
+        "mean": float(statistics.fmean(s)),
+        "median": float(statistics.median(s)),
+        "p90": float(p90),
+        "max": float(s[-1]),
+    }
+
+
+def reward_term_stats(trajs: Sequence[Trajectory]) -> dict[str, dict[str, float]]:
+    """Per reward term over trajectories: mean, std (population), min, max."""
+    terms: dict[str, list[float]] = {}
+    for t in trajs:
+        for k, v in t.reward_terms.items():
+            terms.setdefault(k, []).append(float(v))
+    terms["total"] = [float(t.reward) for t in trajs]
+    return {
+        k: {
+            "mean": statistics.fmean(v),
+            "std": statistics.pstdev(v),
+            "min": min(v),
+            "max": max(v),
+        }
+        for k, v in sorted(terms.items())
+        if v
+    }
+
+
+def task_outcomes(trajs: Sequence[Trajectory]) -> dict[str, dict[str, Any]]:
+    """Per task: samples, successes, success rate and the majority outcome ``solved``."""
+    out = {}
+    for task_id, g in group_by_task(trajs).items():
+        wins = sum(t.success for t in g)
+        out[task_id] = {
+            "samples": len(g),
+            "successes": wins,
+            "success_rate": wins / len(g),
+            # Strict majority: with G = 1 this is the trajectory's success.
+            "solved": wins * 2 > len(g),
+        }
+    return out
+
+
+def evaluation_metrics(trajs: Sequence[Trajectory], *, ks: Sequence[int] = (1,)) -> dict[str, Any]:
+    """Everything a report shows about one policy's trajectories (JSON-serialisable)."""
+    if not trajs:
+        raise ValueError("evaluation_metrics: no trajectories")
+    base = summarize(trajs)
+    errors = Counter(r.error_kind.value for t in trajs for r in t.tool_results if not r.ok)
+    outcomes = task_outcomes(trajs)
+    return {
+        **base,
+        "tasks": len(outcomes),
+        "samples_per_task": max(o["samples"] for o in outcomes.values()),
+        "tasks_solved": sum(o["solved"] for o in outcomes.values()),
+        **pass_at_ks(trajs, ks),
+        "turns": _dist([len(t.turns) for t in trajs]),
+        "tool_calls": _dist([len(t.tool_calls) for t in trajs]),
+        "generated_tokens": _dist([t.num_generated_tokens for t in trajs]),
+        "total_tokens": _dist([len(t.token_ids) for t in trajs]),
+        "reward_term_stats": reward_term_stats(trajs),
+        "tool_errors": dict(sorted(errors.items())),
+    }
