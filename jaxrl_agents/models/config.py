@@ -1,0 +1,222 @@
+"""ModelConfig: the one typed description of a Llama 3 / Qwen2 / Qwen3 decoder.
+
+Converts to and from a Hugging Face ``config.json`` dict. Both the transformers<5 spelling
+(``rope_theta`` + ``rope_scaling``) and the transformers>=5 spelling (``rope_parameters``) are read;
+export writes both so either version of transformers loads the folder.
+
+The config is frozen and hashable: NNX keeps it in the static graph definition, so a jitted function
+closing over a model compiles once per config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
+SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+class ModelConfigError(ValueError):
+    """A config the decoder cannot represent (unknown model_type, rope type, dtype, ...)."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.x frequency-dependent RoPE scaling (HF ``rope_type: llama3``)."""
+
+    factor: float
+    """Wavelength multiplier applied to the low-frequency band."""
+    low_freq_factor: float
+    """Wavelengths longer than ``original_max_position_embeddings / low_freq_factor`` are scaled."""
+    high_freq_factor: float
+    """Wavelengths shorter than ``original_max_position_embeddings / high_freq_factor`` are kept."""
+    original_max_position_embeddings: int
+    """Context length the base model was pretrained with."""
+    rope_type: str = "llama3"
+    """Only ``llama3`` is supported."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture + numerics of one decoder; build with ``from_hf_config`` or directly."""
+
+    model_type: str
+    """HF family: one of ``llama``, ``qwen2``, ``qwen3``. Decides the export architecture name."""
+    vocab_size: int
+    """Rows of the embedding table and columns of the LM head."""
+    hidden_size: int
+    """Residual-stream width D."""
+    intermediate_size: int
+    """SwiGLU inner width F."""
+    num_hidden_layers: int
+    """Number of decoder blocks L."""
+    num_attention_heads: int
+    """Query heads H."""
+    num_key_value_heads: int
+    """Key/value heads K (GQA); must divide H."""
+    head_dim: int | None = None
+    """Per-head width Dh; ``None`` = hidden_size // num_attention_heads (Qwen3 sets it apart)."""
+    max_position_embeddings: int = 4096
+    """Advertised context length (exported; not enforced by the model)."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    rope_scaling: RopeScaling | None = None
+    """Llama 3 RoPE scaling, or ``None`` for plain RoPE."""
+    rms_norm_eps: float = 1e-6
+    """Epsilon inside every RMSNorm."""
+    tie_word_embeddings: bool = False
+    """LM head reuses the embedding table (transposed)."""
+    attention_bias: bool = False
+    """Bias on the q/k/v projections (Qwen2: always; Llama/Qwen3: HF ``attention_bias``)."""
+    o_proj_bias: bool = False
+    """Bias on the output projection (Llama/Qwen3 with ``attention_bias``; never in Qwen2)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm on q and k before RoPE (Qwen3)."""
+    bos_token_id: int | None = None
+    """Exported to config.json / generation_config.json only."""
+    eos_token_id: int | tuple[int, ...] | None = None
+    """Exported to config.json / generation_config.json only."""
+    pad_token_id: int | None = None
+    """Exported to config.json only."""
+    dtype: str = "float32"
+    """Compute dtype of activations and matmuls (``float32`` or ``bfloat16``)."""
+    param_dtype: str = "float32"
+    """Storage dtype of the parameters (``float32`` or ``bfloat16``)."""
+    remat: bool = False
+    """Rematerialise each decoder block in the backward pass (saves activation memory)."""
+
+    def __post_init__(self) -> None:
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelConfigError(
+                f"unsupported model_type {self.model_type!r}; supported: "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        for name in ("dtype", "param_dtype"):
+            val = getattr(self, name)
+            if not isinstance(val, str):  # accept jnp.float32 / np.dtype too
+                val = str(getattr(val, "__name__", None) or getattr(val, "name", val))
+                object.__setattr__(self, name, val)
+            if val not in SUPPORTED_DTYPES:
+                raise ModelConfigError(f"{name}={val!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelConfigError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise ModelConfigError(f"head_dim={self.head_dim} must be even for RoPE")
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+    def replace(self, **kw: Any) -> ModelConfig:
+        return dataclasses.replace(self, **kw)
+
+    # ------------------------------------------------------------------ HF conversion
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any], **overrides: Any) -> ModelConfig:
+        """Parse a HF ``config.json`` dict; ``overrides`` set dtype/param_dtype/remat etc."""
+        model_type = hf.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelConfigError(
+                f"unsupported model_type {model_type!r}; supported: "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        act = hf.get("hidden_act", "silu")
+        if act != "silu":
+            raise ModelConfigError(f"hidden_act={act!r}; only 'silu' (SwiGLU) is supported")
+        if hf.get("mlp_bias"):
+            raise ModelConfigError("mlp_bias=True is not supported")
+        if hf.get("use_sliding_window"):
+            raise ModelConfigError("use_sliding_window=True is not supported (full attention only)")
+        rope_params = dict(hf.get("rope_parameters") or {})
+        rope_theta = float(hf.get("rope_theta", rope_params.get("rope_theta", 10000.0)))
+        scaling = hf.get("rope_scaling") or rope_params
+        rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else None
+        rope_scaling = None
+        if rope_type not in (None, "default"):
+            if rope_type != "llama3":
+                raise ModelConfigError(
+                    f"unsupported rope_type {rope_type!r}; supported: "
+                    f"{', '.join(SUPPORTED_ROPE_TYPES)}"
+                )
+            rope_scaling = RopeScaling(
+                factor=float(scaling["factor"]),
+                low_freq_factor=float(scaling["low_freq_factor"]),
+                high_freq_factor=float(scaling["high_freq_factor"]),
+                original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+            )
+        hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+        bias = bool(hf.get("attention_bias", False))
+        kw: dict[str, Any] = dict(
+            model_type=model_type,
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(hf["intermediate_size"]),
+            num_hidden_layers=int(hf["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=int(hf.get("head_dim") or hidden // heads),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=True if model_type == "qwen2" else bias,
+            o_proj_bias=False if model_type == "qwen2" else bias,
+            qk_norm=model_type == "qwen3",
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=hf.get("eos_token_id"),
+            pad_token_id=hf.get("pad_token_id"),
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """A ``config.json`` dict that ``AutoConfig`` (transformers 4.x and 5.x) reads back."""
+        rope_params: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        rope_scaling = None
+        if self.rope_scaling is not None:
+            rope_scaling = dataclasses.asdict(self.rope_scaling)
+            rope_params = {**rope_scaling, "rope_theta": self.rope_theta}
+        hf: dict[str, Any] = dict(
+            architectures=[_ARCHITECTURES[self.model_type]],
+            model_type=self.model_type,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            hidden_act="silu",
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            rope_scaling=rope_scaling,
+            rope_parameters=rope_params,
+            tie_word_embeddings=self.tie_word_embeddings,
+            bos_token_id=self.bos_token_id,
+            eos_token_id=list(self.eos_token_id)
+            if isinstance(self.eos_token_id, tuple)
+            else self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            torch_dtype=self.param_dtype,
+            use_cache=True,
+        )
+        if self.model_type != "qwen2":
+            hf["attention_bias"] = self.attention_bias
+            hf["mlp_bias"] = False
+        else:
+            hf["use_sliding_window"] = False
+        return hf

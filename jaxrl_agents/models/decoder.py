@@ -1,0 +1,261 @@
+"""The Flax NNX decoder shared by sampling and training: Llama 3.x / Qwen2 / Qwen3.
+
+Pre-norm blocks of GQA self-attention (RoPE, optional q/k/v bias, optional per-head q/k RMSNorm)
+and a SwiGLU MLP, a final RMSNorm and a tied or untied LM head -- numerically the same as
+transformers' ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` (see
+tests/models/test_model_parity.py).
+
+Implementation choices (and where this deviates from a literal port):
+- Per-layer weights are stacked on a leading ``layers`` axis and the blocks run under one
+  ``lax.scan``: compile time does not grow with depth and the forward is a single traced function.
+  ``cfg.remat`` wraps the scanned block in ``jax.checkpoint`` (= ``nnx.remat`` per layer).
+- Attention masks come from explicit ``segment_ids`` (0 = padding, 1, 2, ... = packed sequences)
+  and sequence order, so left padding, right padding and packing all work; RoPE uses explicit
+  ``positions``. Softmax runs in float32; fully-masked (padding) queries get a uniform distribution
+  instead of NaN. Logits are returned in float32 whatever the compute dtype.
+- GQA never materialises repeated K/V: queries are reshaped to ``[B T K G Dh]`` and contracted
+  against ``[B S K Dh]``.
+- KV cache: ``[L B S K Dh]`` buffers carried through the layer scan and updated in place with a
+  scatter at ``lengths[b] + t``; padding tokens and writes past ``max_len`` are dropped (callers
+  must size ``max_len`` for prompt + generation).
+
+Run the checks: ``python -m pytest -q tests/models``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import Array
+
+from jaxrl_agents.models.config import ModelConfig
+from jaxrl_agents.models.rope import apply_rope, inverse_frequencies
+
+# Large-negative rather than -inf so rows with no visible key (padding) stay finite.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+class KVCache(NamedTuple):
+    """Per-layer key/value buffers; a pytree, so it can be donated and carried in loops."""
+
+    k: Array  # Float['L B S K Dh'] compute dtype, RoPE already applied
+    v: Array  # Float['L B S K Dh']
+    lengths: Array  # Int['B']: tokens already stored per row
+
+
+def init_cache(cfg: ModelConfig, *, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+    """An empty cache for ``batch`` rows of ``max_len`` tokens (dtype defaults to cfg.dtype)."""
+    shape = (cfg.num_hidden_layers, batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+    dtype = jnp.dtype(dtype or cfg.dtype)
+    return KVCache(
+        k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((batch,), jnp.int32)
+    )
+
+
+def param_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...], str]]:
+    """``'layers.q' -> (shape, logical axis names, init)`` for every parameter of the model."""
+    L, D, F, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    H, K, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    out = {"embed": ((V, D), ("vocab", "embed"), "normal")}
+    layer = {
+        "attn_norm": ((D,), ("norm",), "ones"),
+        "q": ((D, H, Dh), ("embed", "q_heads", "head_dim"), "normal"),
+        "k": ((D, K, Dh), ("embed", "kv_heads", "head_dim"), "normal"),
+        "v": ((D, K, Dh), ("embed", "kv_heads", "head_dim"), "normal"),
+        "o": ((H, Dh, D), ("q_heads", "head_dim", "embed"), "normal"),
+    }
+    if cfg.attention_bias:
+        layer["q_bias"] = ((H, Dh), ("q_heads", "head_dim"), "zeros")
+        layer["k_bias"] = ((K, Dh), ("kv_heads", "head_dim"), "zeros")
+        layer["v_bias"] = ((K, Dh), ("kv_heads", "head_dim"), "zeros")
+    if cfg.o_proj_bias:
+        layer["o_bias"] = ((D,), ("norm",), "zeros")
+    if cfg.qk_norm:
+        layer["q_norm"] = ((Dh,), ("head_dim",), "ones")
+        layer["k_norm"] = ((Dh,), ("head_dim",), "ones")
+    layer["mlp_norm"] = ((D,), ("norm",), "ones")
+    layer["gate"] = ((D, F), ("embed", "mlp"), "normal")
+    layer["up"] = ((D, F), ("embed", "mlp"), "normal")
+    layer["down"] = ((F, D), ("mlp", "embed"), "normal")
+    for name, (shape, names, init) in layer.items():
+        out[f"layers.{name}"] = ((L, *shape), ("layers", *names), init)
+    out["final_norm"] = ((D,), ("norm",), "ones")
+    if not cfg.tie_word_embeddings:
+        out["lm_head"] = ((D, V), ("embed", "vocab"), "normal")
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _init_values(key: Array, cfg: ModelConfig) -> dict[str, Array]:
+    # One compiled program per config instead of one eager dispatch (and compile) per tensor.
+    dtype = jnp.dtype(cfg.param_dtype)
+    layout = sorted(param_layout(cfg).items())
+    # A single normal draw sliced into tensors: threefry compiles once, not once per shape.
+    sizes = [math.prod(shape) for _, (shape, _, init) in layout if init == "normal"]
+    flat = 0.02 * jax.random.normal(key, (sum(sizes),), jnp.float32)  # HF initializer_range
+    out, offset = {}, 0
+    for name, (shape, _, init) in layout:
+        if init == "normal":
+            n = math.prod(shape)
+            val = flat[offset : offset + n].reshape(shape)
+            offset += n
+        else:
+            val = jnp.full(shape, 1.0 if init == "ones" else 0.0, jnp.float32)
+        out[name] = val.astype(dtype)
+    return out
+
+
+def _param(value: Array, names: tuple[str, ...]) -> nnx.Param:
+    """An ``nnx.Param`` carrying its logical axis names (resolved by ``jaxrl_agents.sharding``)."""
+    # eager_sharding=False: names are logical; placement happens in sharding.shard_model / load.
+    return nnx.Param(value, out_sharding=names, eager_sharding=False)
+
+
+class DecoderLayers(nnx.Module):
+    """All decoder blocks' weights, stacked on a leading ``layers`` axis of size L."""
+
+    def __init__(self, cfg: ModelConfig, values: dict[str, Array]):
+        for key, (_, names, _) in param_layout(cfg).items():
+            if key.startswith("layers."):
+                setattr(self, key.removeprefix("layers."), _param(values[key], names))
+
+    def stacked(self) -> dict[str, Array]:
+        """Name -> Float['L ...'] array, the ``xs`` of the layer scan."""
+        return {k: v[...] for k, v in vars(self).items() if isinstance(v, nnx.Param)}
+
+
+def rms_norm(x: Array, scale: Array, *, eps: float) -> Array:
+    """HF RMSNorm: normalise in float32, cast back, then multiply by the weight."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return x32.astype(x.dtype) * scale.astype(x.dtype)
+
+
+def _attend(q: Array, k: Array, v: Array, mask: Array) -> Array:
+    """GQA attention. q: Float['B T H Dh'], k/v: Float['B S K Dh'], mask: Bool['B T S']."""
+    B, T, H, Dh = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, T, K, H // K, Dh)
+    s = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    s = jnp.where(mask[:, None, None], s * (Dh**-0.5), _MASK_VALUE)
+    probs = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H, Dh)
+
+
+class Transformer(nnx.Module):
+    """Decoder-only LM. See the module docstring for the masking and cache contract.
+
+    Fresh initialisation (normal(0.02) weights, unit norms, zero biases) runs as one jitted program
+    on the default device: meant for tiny/demo models; real checkpoints go through
+    ``load_pretrained``, which places each tensor directly on its sharding.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        values = _init_values(rngs.params(), cfg)
+        layout = param_layout(cfg)
+        self.embed = _param(values["embed"], layout["embed"][1])
+        self.layers = DecoderLayers(cfg, values)
+        self.final_norm = _param(values["final_norm"], layout["final_norm"][1])
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param(values["lm_head"], layout["lm_head"][1])
+
+    # ------------------------------------------------------------------ public API
+    def __call__(
+        self,
+        tokens: Array,
+        positions: Array,
+        *,
+        segment_ids: Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Array, KVCache | None]:
+        """Int['B T'] tokens/positions -> (Float32['B T V'] logits, updated cache or None)."""
+        h, cache = self.hidden_states(tokens, positions, segment_ids=segment_ids, cache=cache)
+        return self.logits_from_hidden(h), cache
+
+    def hidden_states(
+        self,
+        tokens: Array,
+        positions: Array,
+        *,
+        segment_ids: Array | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Array, KVCache | None]:
+        """Float['B T D'] activations after the final norm (compute dtype), and the new cache."""
+        cfg = self.cfg
+        dt = jnp.dtype(cfg.dtype)
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
+        inv_freq = inverse_frequencies(cfg)
+        B, T = tokens.shape
+        valid = jnp.ones((B, T), bool) if segment_ids is None else segment_ids != 0
+
+        if cache is None:
+            seg = valid.astype(jnp.int32) if segment_ids is None else segment_ids
+            causal = jnp.tril(jnp.ones((T, T), bool))
+            mask = causal[None] & (seg[:, :, None] == seg[:, None, :]) & valid[:, :, None]
+            kv = None
+        else:
+            S = cache.k.shape[2]
+            t = jnp.arange(T)
+            mask = jnp.arange(S)[None, None, :] <= (cache.lengths[:, None] + t[None, :])[..., None]
+            # Padding (and overflow past S) is routed to index S and dropped by the scatter.
+            write_pos = jnp.where(valid, cache.lengths[:, None] + t[None, :], S)
+            kv = (cache.k, cache.v)
+
+        def block(carry, xs):
+            x, kv_all = carry
+            p, layer = xs
+            h = rms_norm(x, p["attn_norm"], eps=cfg.rms_norm_eps)
+            q = jnp.einsum("btd,dhk->bthk", h, p["q"].astype(dt))
+            k = jnp.einsum("btd,dhk->bthk", h, p["k"].astype(dt))
+            v = jnp.einsum("btd,dhk->bthk", h, p["v"].astype(dt))
+            if cfg.attention_bias:
+                q = q + p["q_bias"].astype(dt)
+                k = k + p["k_bias"].astype(dt)
+                v = v + p["v_bias"].astype(dt)
+            if cfg.qk_norm:
+                q = rms_norm(q, p["q_norm"], eps=cfg.rms_norm_eps)
+                k = rms_norm(k, p["k_norm"], eps=cfg.rms_norm_eps)
+            q = apply_rope(q, positions, inv_freq)
+            k = apply_rope(k, positions, inv_freq)
+            if kv_all is None:
+                attn = _attend(q, k, v, mask)
+            else:
+                k_all, v_all = kv_all
+                rows = jnp.arange(B)[:, None]
+                k_all = k_all.at[layer, rows, write_pos].set(k.astype(k_all.dtype), mode="drop")
+                v_all = v_all.at[layer, rows, write_pos].set(v.astype(v_all.dtype), mode="drop")
+                attn = _attend(q, k_all[layer].astype(dt), v_all[layer].astype(dt), mask)
+                kv_all = (k_all, v_all)
+            out = jnp.einsum("bthk,hkd->btd", attn, p["o"].astype(dt))
+            if cfg.o_proj_bias:
+                out = out + p["o_bias"].astype(dt)
+            x = x + out
+            h = rms_norm(x, p["mlp_norm"], eps=cfg.rms_norm_eps)
+            gate = jax.nn.silu(h @ p["gate"].astype(dt))
+            x = x + (gate * (h @ p["up"].astype(dt))) @ p["down"].astype(dt)
+            return (x, kv_all), None
+
+        if cfg.remat:
+            block = jax.checkpoint(block, prevent_cse=False)
+        layer_ids = jnp.arange(cfg.num_hidden_layers)
+        (x, kv), _ = jax.lax.scan(block, (x, kv), (self.layers.stacked(), layer_ids))
+        h = rms_norm(x, self.final_norm[...], eps=cfg.rms_norm_eps)
+        if cache is not None:
+            n_valid = valid.sum(axis=1).astype(cache.lengths.dtype)
+            cache = KVCache(k=kv[0], v=kv[1], lengths=cache.lengths + n_valid)
+        return h, cache
+
+    def logits_from_hidden(self, h: Array) -> Array:
+        """Float['B T D'] -> Float32['B T V'] through the LM head (or the tied embedding)."""
+        dt = h.dtype
+        if self.cfg.tie_word_embeddings:
+            w = self.embed[...].astype(dt)
+            return jnp.einsum("btd,vd->btv", h, w, preferred_element_type=jnp.float32)
+        w = self.lm_head[...].astype(dt)
+        return jnp.einsum("btd,dv->btv", h, w, preferred_element_type=jnp.float32)
