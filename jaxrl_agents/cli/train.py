@@ -30,16 +30,26 @@ def to_run_config(dict_cfg):
     return build(RunConfig, data)
 
 
-def _main(dict_cfg) -> None:
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors a user causes with config or paths: reported in one line, no traceback."""
+    from jaxrl_agents.models import CheckpointError, ModelConfigError
+    from jaxrl_agents.sharding import MeshError
     from jaxrl_agents.training.config import ConfigError
+
+    return (ConfigError, MeshError, ModelConfigError, CheckpointError, FileNotFoundError)
+
+
+def _main(dict_cfg) -> None:
     from jaxrl_agents.training.run import run
 
+    # Hydra configured logging just now; JAX's backend probing is noise at INFO.
+    logging.getLogger("jax").setLevel(logging.WARNING)
     try:
         cfg = to_run_config(dict_cfg)
-    except ConfigError as e:
+        summary = run(cfg)
+    except user_errors() as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
-    summary = run(cfg)
     sft, rl = summary.get("sft_heldout_success"), summary.get("rl_heldout_success")
     fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
     print(f"held-out success: SFT {fmt(sft)} -> RL {fmt(rl)} on {summary['heldout_tasks']} tasks")
