@@ -27,10 +27,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 HBM_BW = 4.8e12
 SHAPES = {
-    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
-    "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                 num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    "0.5b": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "1.5b": dict(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -65,8 +79,15 @@ def decode_bench(name: str, shape: dict, batches: list[int], *, prompt: int, new
         for b in batches:
             rng = np.random.default_rng(0)
             prompts = rng.integers(10, shape["vocab_size"] - 10, (b, prompt)).tolist()
-            engine = Engine(ours, EngineConfig(max_slots=b, max_seq_len=prompt + new + 8,
-                                               prefill_buckets=(prompt,), decode_chunk=32))
+            engine = Engine(
+                ours,
+                EngineConfig(
+                    max_slots=b,
+                    max_seq_len=prompt + new + 8,
+                    prefill_buckets=(prompt,),
+                    decode_chunk=32,
+                ),
+            )
             sp = SamplingParams(temperature=0.0, max_new_tokens=new)
             engine.generate_batch(prompts, sp)  # compile
             t = time.perf_counter()
@@ -85,9 +106,15 @@ def decode_bench(name: str, shape: dict, batches: list[int], *, prompt: int, new
             hf_tok = (out.shape[1] - prompt) * b
             ctx = prompt + new / 2
             roof = b * HBM_BW / (2 * params + _kv_bytes(shape, b, int(ctx)))
-            row = dict(model=name, params=params, batch=b, ours_tok_s=n_tok / ours_s,
-                       hf_tok_s=hf_tok / hf_s, roofline_tok_s=roof,
-                       compiles=engine.compile_count)
+            row = dict(
+                model=name,
+                params=params,
+                batch=b,
+                ours_tok_s=n_tok / ours_s,
+                hf_tok_s=hf_tok / hf_s,
+                roofline_tok_s=roof,
+                compiles=engine.compile_count,
+            )
             row["ratio_vs_hf"] = row["ours_tok_s"] / row["hf_tok_s"]
             row["roofline_frac"] = row["ours_tok_s"] / roof
             print(json.dumps(row), flush=True)
@@ -107,14 +134,20 @@ def main() -> None:
     args = ap.parse_args()
     import jax
 
-    result = {"device": str(jax.devices()[0].device_kind), "backend": jax.default_backend(),
-              "jax": jax.__version__, "decode": [], "train": []}
+    result = {
+        "device": str(jax.devices()[0].device_kind),
+        "backend": jax.default_backend(),
+        "jax": jax.__version__,
+        "decode": [],
+        "train": [],
+    }
     names = ["0.5b"] if args.quick else ["0.5b", "1.5b"]
     batches = [1, 64] if args.quick else [1, 64, 256]
     t0 = time.time()
     for name in names:
-        result["decode"] += decode_bench(name, SHAPES[name], batches, prompt=args.prompt,
-                                         new=args.new)
+        result["decode"] += decode_bench(
+            name, SHAPES[name], batches, prompt=args.prompt, new=args.new
+        )
     from bench_train import bench
 
     for name in names:

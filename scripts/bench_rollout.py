@@ -35,14 +35,27 @@ def build(episodes: int, turns: int, new_tokens: int):
 
     tok = load_tiny_tokenizer()
     chat = ChatFormat(tok)
-    cfg = ModelConfig.from_hf_config(dict(
-        model_type="qwen2", vocab_size=len(tok), hidden_size=128, intermediate_size=384,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=1024, tie_word_embeddings=True))
+    cfg = ModelConfig.from_hf_config(
+        dict(
+            model_type="qwen2",
+            vocab_size=len(tok),
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            tie_word_embeddings=True,
+        )
+    )
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     max_len = 64 + turns * (new_tokens + 48)
-    engine = Engine(model, EngineConfig(max_slots=episodes, max_seq_len=max_len,
-                                        prefill_buckets=(32, 64, 128), decode_chunk=8))
+    engine = Engine(
+        model,
+        EngineConfig(
+            max_slots=episodes, max_seq_len=max_len, prefill_buckets=(32, 64, 128), decode_chunk=8
+        ),
+    )
 
     class SleepyEnv:
         """Every turn: one tool result after ``latency`` seconds of asynchronous waiting."""
@@ -58,8 +71,18 @@ def build(episodes: int, turns: int, new_tokens: int):
             self.turn += 1
             await asyncio.sleep(SleepyEnv.latency)
             done = self.turn >= turns
-            msgs = [] if done else [{"role": "tool", "name": "lookup", "tool_call_id": "c",
-                                     "content": f"result {self.turn}"}]
+            msgs = (
+                []
+                if done
+                else [
+                    {
+                        "role": "tool",
+                        "name": "lookup",
+                        "tool_call_id": "c",
+                        "content": f"result {self.turn}",
+                    }
+                ]
+            )
             return EnvStep(messages=msgs, done=done)
 
         async def verify(self):
@@ -93,9 +116,16 @@ def build(episodes: int, turns: int, new_tokens: int):
             return FixedTurns(await engine.open_session())
 
     orch = Orchestrator(
-        engine=FixedTurnEngine(), chat=chat, env_factory=SleepyEnv,
-        cfg=RolloutConfig(group_size=1, max_turns=turns, max_new_tokens=new_tokens,
-                          max_total_tokens=max_len, concurrency=episodes),
+        engine=FixedTurnEngine(),
+        chat=chat,
+        env_factory=SleepyEnv,
+        cfg=RolloutConfig(
+            group_size=1,
+            max_turns=turns,
+            max_new_tokens=new_tokens,
+            max_total_tokens=max_len,
+            concurrency=episodes,
+        ),
         sampling_params=params,
     )
     tasks = [Task(id=str(i), env="bench", split="train", data={}) for i in range(episodes)]
@@ -151,10 +181,12 @@ def main() -> None:
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
     }
     out["within_bound"] = out["extra_s"] <= out["bound_s"]
-    print(f"{args.episodes} episodes x {args.turns} turns: "
-          f"latency 0 -> {w0:.2f} s, latency {args.latency_ms:.0f} ms -> {w1:.2f} s "
-          f"(extra {out['extra_s']:.2f} s; bound {out['bound_s']:.2f} s; "
-          f"sequential would add {out['sequential_s']:.1f} s)")
+    print(
+        f"{args.episodes} episodes x {args.turns} turns: "
+        f"latency 0 -> {w0:.2f} s, latency {args.latency_ms:.0f} ms -> {w1:.2f} s "
+        f"(extra {out['extra_s']:.2f} s; bound {out['bound_s']:.2f} s; "
+        f"sequential would add {out['sequential_s']:.1f} s)"
+    )
     if args.json:
         print(json.dumps(out))
 

@@ -23,14 +23,38 @@ import time
 
 MODELS = {
     # hidden, layers, heads, kv heads, mlp, vocab
-    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, intermediate_size=384, vocab_size=1280),
-    "40m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-                num_key_value_heads=4, intermediate_size=1536, vocab_size=32000),
-    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, intermediate_size=4864, vocab_size=151936),
-    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, intermediate_size=8960, vocab_size=151936),
+    "tiny": dict(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=384,
+        vocab_size=1280,
+    ),
+    "40m": dict(
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=1536,
+        vocab_size=32000,
+    ),
+    "0.5b": dict(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+    ),
+    "1.5b": dict(
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+    ),
 }
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12}
 
@@ -55,8 +79,9 @@ def bench(name: str, *, steps: int, batch: int, buckets: list[int], dtype: str, 
     from jaxrl_agents.training.step import OptimizerConfig, init_train_state, make_train_step
 
     spec = MODELS[name]
-    cfg = ModelConfig.from_hf_config(dict(model_type="qwen2", tie_word_embeddings=True,
-                                          max_position_embeddings=4096, **spec))
+    cfg = ModelConfig.from_hf_config(
+        dict(model_type="qwen2", tie_word_embeddings=True, max_position_embeddings=4096, **spec)
+    )
     if dtype != "float32":
         cfg = cfg.replace(dtype=dtype)
     model = Transformer(cfg, rngs=nnx.Rngs(seed))
@@ -81,19 +106,28 @@ def bench(name: str, *, steps: int, batch: int, buckets: list[int], dtype: str, 
         seg = (np.arange(T)[None] < lens[:, None]).astype(np.int32)
         mask = seg * (np.arange(T)[None] >= 16)
         return TrainBatch(
-            input_ids=ids, positions=np.broadcast_to(np.arange(T, dtype=np.int32), (batch, T)),
-            segment_ids=seg, target_ids=np.roll(ids, -1, 1), loss_mask=mask.astype(np.float32),
+            input_ids=ids,
+            positions=np.broadcast_to(np.arange(T, dtype=np.int32), (batch, T)),
+            segment_ids=seg,
+            target_ids=np.roll(ids, -1, 1),
+            loss_mask=mask.astype(np.float32),
             old_logprobs=np.full((batch, T), -7.0, np.float32),
             advantages=rng.standard_normal((batch, T)).astype(np.float32),
             returns=np.zeros((batch, T), np.float32),
-            turn_ids=np.where(mask > 0, 0, -1).astype(np.int32)), int(seg.sum())
+            turn_ids=np.where(mask > 0, 0, -1).astype(np.int32),
+        ), int(seg.sum())
 
     # Warm-up: compile every bucket once so the timed steps are steady state.
     for T in buckets:
         b, _ = make_batch()
-        b = b._replace(**{k: getattr(b, k)[:, :T] if getattr(b, k).shape[1] >= T else
-                          np.pad(getattr(b, k), ((0, 0), (0, T - getattr(b, k).shape[1])))
-                          for k in b._fields})
+        b = b._replace(
+            **{
+                k: getattr(b, k)[:, :T]
+                if getattr(b, k).shape[1] >= T
+                else np.pad(getattr(b, k), ((0, 0), (0, T - getattr(b, k).shape[1])))
+                for k in b._fields
+            }
+        )
         state, m = step(state, jax.tree.map(jnp.asarray, b), {"denom": jnp.float32(1000)})
     jax.block_until_ready(state.params)
     compiles_warm = traces["n"]
@@ -111,12 +145,21 @@ def bench(name: str, *, steps: int, batch: int, buckets: list[int], dtype: str, 
     P = n_params(spec)
     flops_per_tok = 6 * P  # fwd + bwd of the matmuls (attention scores not counted)
     out = {
-        "model": name, "params": P, "batch": batch, "buckets": buckets, "steps": steps,
-        "dtype": dtype, "tok_s": statistics.median(tok_s),
-        "tok_s_p10": float(np.percentile(tok_s, 10)), "tok_s_p90": float(np.percentile(tok_s, 90)),
-        "real_tok_s": sum(real) / sum(times), "step_s_median": statistics.median(times),
-        "compiles": traces["n"], "compiles_after_warmup": traces["n"] - compiles_warm,
-        "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
+        "model": name,
+        "params": P,
+        "batch": batch,
+        "buckets": buckets,
+        "steps": steps,
+        "dtype": dtype,
+        "tok_s": statistics.median(tok_s),
+        "tok_s_p10": float(np.percentile(tok_s, 10)),
+        "tok_s_p90": float(np.percentile(tok_s, 90)),
+        "real_tok_s": sum(real) / sum(times),
+        "step_s_median": statistics.median(times),
+        "compiles": traces["n"],
+        "compiles_after_warmup": traces["n"] - compiles_warm,
+        "backend": jax.default_backend(),
+        "device": str(jax.devices()[0].device_kind),
     }
     peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in out["device"]), None)
     if peak:
@@ -126,8 +169,12 @@ def bench(name: str, *, steps: int, batch: int, buckets: list[int], dtype: str, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--model", choices=[*MODELS, "all"], default="all",
-                    help="'all' = tiny and 40m (CPU defaults)")
+    ap.add_argument(
+        "--model",
+        choices=[*MODELS, "all"],
+        default="all",
+        help="'all' = tiny and 40m (CPU defaults)",
+    )
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--buckets", type=int, nargs="+", default=[128, 256])
@@ -142,15 +189,25 @@ def main() -> None:
         r = bench(name, steps=steps, batch=args.batch, buckets=args.buckets, dtype=args.dtype)
         results.append(r)
         mfu = f", MFU {r['mfu']:.1%}" if "mfu" in r else ""
-        print(f"{name:>5} ({r['params'] / 1e6:.1f}M params): {r['tok_s']:.0f} tok/s median "
-              f"(p10 {r['tok_s_p10']:.0f}, p90 {r['tok_s_p90']:.0f}), {r['step_s_median']:.3f} "
-              f"s/step, {r['compiles']} compiles ({r['compiles_after_warmup']} after warm-up) "
-              f"over {r['steps']} steps{mfu}")
+        print(
+            f"{name:>5} ({r['params'] / 1e6:.1f}M params): {r['tok_s']:.0f} tok/s median "
+            f"(p10 {r['tok_s_p10']:.0f}, p90 {r['tok_s_p90']:.0f}), {r['step_s_median']:.3f} "
+            f"s/step, {r['compiles']} compiles ({r['compiles_after_warmup']} after warm-up) "
+            f"over {r['steps']} steps{mfu}"
+        )
     if args.json:
         head = results[0]
-        print(json.dumps({"tok_s": head["tok_s"], "compiles": head["compiles"],
-                          "steps": head["steps"], "results": results,
-                          "machine": f"{platform.machine()} {os.cpu_count()} cpus"}))
+        print(
+            json.dumps(
+                {
+                    "tok_s": head["tok_s"],
+                    "compiles": head["compiles"],
+                    "steps": head["steps"],
+                    "results": results,
+                    "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

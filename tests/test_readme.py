@@ -23,10 +23,18 @@ def test_readme_library_snippet(tmp_path):
 
     tok = load_tiny_tokenizer()
     torch.manual_seed(0)
-    hf = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=True))
+    hf = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tok),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+        )
+    )
     src = tmp_path / "tiny-qwen2"
     hf.save_pretrained(src)
     tok.save_pretrained(src)
@@ -38,12 +46,16 @@ def test_readme_library_snippet(tmp_path):
 
     logits, batch, seg = scope["logits"], scope["batch"], scope["segment_ids"]
     with torch.no_grad():
-        ref = hf(input_ids=torch.tensor(batch["input_ids"]),
-                 attention_mask=torch.tensor(batch["attention_mask"])).logits.numpy()
+        ref = hf(
+            input_ids=torch.tensor(batch["input_ids"]),
+            attention_mask=torch.tensor(batch["attention_mask"]),
+        ).logits.numpy()
     valid = seg.astype(bool)
     np.testing.assert_allclose(np.asarray(logits)[valid], ref[valid], atol=1e-4)
     back = AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
     with torch.no_grad():
-        again = back(input_ids=torch.tensor(batch["input_ids"]),
-                     attention_mask=torch.tensor(batch["attention_mask"])).logits.numpy()
+        again = back(
+            input_ids=torch.tensor(batch["input_ids"]),
+            attention_mask=torch.tensor(batch["attention_mask"]),
+        ).logits.numpy()
     np.testing.assert_array_equal(again, ref)

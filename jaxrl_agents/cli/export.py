@@ -1,8 +1,8 @@
 """``jaxrl-export``: any checkpoint of a run -> a Hugging Face folder transformers loads.
 
-    jaxrl-export run_dir=runs/demo/seed0                 # newest checkpoint
-    jaxrl-export run_dir=runs/demo/seed0 which=best out=/tmp/best_hf
-    jaxrl-export run_dir=runs/demo/seed0 step=310
+jaxrl-export run_dir=runs/demo/seed0                 # newest checkpoint
+jaxrl-export run_dir=runs/demo/seed0 which=best out=/tmp/best_hf
+jaxrl-export run_dir=runs/demo/seed0 step=310
 """
 
 from __future__ import annotations

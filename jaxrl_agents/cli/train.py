@@ -1,7 +1,8 @@
 """``jaxrl-train``: the Hydra entry point of the training job (SFT then RL).
 
     jaxrl-train                                   # the CPU demo: tiny model, calculator env
-    jaxrl-train env=sql reward=outcome_efficiency advantage=grpo model.path=/models/Qwen2.5-1.5B-Instruct
+    jaxrl-train env=sql reward=outcome_efficiency advantage=grpo \
+        model=hf model.path=/models/Qwen2.5-1.5B-Instruct
     jaxrl-train -m advantage=grpo,rloo,dr_grpo seed=0,1,2          # a sweep (basic launcher)
 
 This module is the only place that imports Hydra: it composes ``configs/``, converts the tree into

@@ -266,15 +266,25 @@ def premature_guess(task: Task, u: float) -> int:
 
 
 def oracle_policy(
-    task: Task, *, premature_prob: float = 0.0, rng: Any = None, combined: bool = False
+    task: Task,
+    *,
+    premature_prob: float = 0.0,
+    premature_ops: str | None = None,
+    rng: Any = None,
+    combined: bool = False,
 ) -> Callable[[list[Message]], Message]:
     """Scripted solver: one calculator call per step, then the number alone.
 
     With probability ``premature_prob`` (drawn once per episode from ``rng``, a ``random.Random``
-    or ``numpy.random.Generator``) it answers at once with :func:`premature_guess`. ``combined``
-    does all steps in one call (``37*12-5``).
+    or ``numpy.random.Generator``) it answers at once with :func:`premature_guess`; with
+    ``premature_ops`` (e.g. ``"+"``) only problems whose first step uses one of those operators
+    are answered early — golden data whose author did the "easy-looking" ones in their head, a
+    habit a policy can learn (the demo's premature-completion failure). ``combined`` does all
+    steps in one call (``37*12-5``).
     """
-    premature = premature_prob > 0 and _rand(rng) < premature_prob
+    first_expr = task.data["steps"][0]["expression"]
+    applies = premature_ops is None or any(op in first_expr for op in premature_ops)
+    premature = applies and premature_prob > 0 and _rand(rng) < premature_prob
     guess = premature_guess(task, _rand(rng)) if premature else None
     steps = task.data["steps"]
     plan = [task.data["expression"]] if combined else [s["expression"] for s in steps]

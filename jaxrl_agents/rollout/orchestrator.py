@@ -58,7 +58,13 @@ class RolloutConfig:
     top_k: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("group_size", "max_turns", "max_new_tokens", "max_total_tokens", "concurrency"):
+        for name in (
+            "group_size",
+            "max_turns",
+            "max_new_tokens",
+            "max_total_tokens",
+            "concurrency",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.episode_timeout_s <= 0:
@@ -109,9 +115,7 @@ class _EpisodeState:
     def append(self, ids: Sequence[int], *, sampled: bool, logprobs: Sequence[float] = ()) -> None:
         self.ids.extend(int(i) for i in ids)
         self.mask.extend([1 if sampled else 0] * len(ids))
-        self.logprobs.extend(float(x) for x in logprobs) if sampled else self.logprobs.extend(
-            [0.0] * len(ids)
-        )
+        self.logprobs.extend([float(x) for x in logprobs] if sampled else [0.0] * len(ids))
 
 
 class Orchestrator:

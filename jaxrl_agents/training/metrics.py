@@ -50,7 +50,9 @@ class RunLogger:
         for k, v in clean.items():
             self._tb.add_scalar(f"{stage}/{k}", v, int(step))
 
-    def trajectories(self, step: int, trajs: Sequence[Trajectory], *, name: str = "samples") -> None:
+    def trajectories(
+        self, step: int, trajs: Sequence[Trajectory], *, name: str = "samples"
+    ) -> None:
         if not self.enabled:
             return
         out = self.dir / "trajectories"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
 from jaxrl_agents.rollout.packing import TrainBatch
@@ -22,8 +21,13 @@ def sft_loss(*, chunk: int):
 
     def loss_fn(model, mb: TrainBatch, extra: dict[str, Any]):
         stats = token_stats(
-            model, mb.input_ids, mb.positions, mb.segment_ids, mb.target_ids,
-            chunk=chunk, with_entropy=False,
+            model,
+            mb.input_ids,
+            mb.positions,
+            mb.segment_ids,
+            mb.target_ids,
+            chunk=chunk,
+            with_entropy=False,
         )
         mask = mb.loss_mask
         nll_sum = -jnp.sum(stats.logprobs * mask)
@@ -45,8 +49,13 @@ def rl_loss(loss_cfg: Any, *, chunk: int):
     def loss_fn(model, mb: TrainBatch, extra: dict[str, Any]):
         need_entropy = getattr(loss_cfg, "entropy_coef", 0.0) != 0.0
         stats = token_stats(
-            model, mb.input_ids, mb.positions, mb.segment_ids, mb.target_ids,
-            chunk=chunk, with_entropy=True,
+            model,
+            mb.input_ids,
+            mb.positions,
+            mb.segment_ids,
+            mb.target_ids,
+            chunk=chunk,
+            with_entropy=True,
         )
         loss, metrics = policy_loss(
             logprobs=stats.logprobs,

@@ -22,8 +22,9 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     return build(RunConfig, json.loads(path.read_text()))
 
 
-def load_policy(run_dir: str | Path, *, which: str = "latest", step: int | None = None,
-                mesh=None) -> tuple[Any, Any, dict[str, Any]]:
+def load_policy(
+    run_dir: str | Path, *, which: str = "latest", step: int | None = None, mesh=None
+) -> tuple[Any, Any, dict[str, Any]]:
     """``(model, tokenizer, meta)`` for checkpoint ``step`` (default: newest) of ``which``
     ('latest' or 'best')."""
     from flax import nnx

@@ -37,10 +37,15 @@ from jaxrl_agents.rollout.packing import pack, pack_sft
 from jaxrl_agents.rollout.scripted import ScriptedEngine
 from jaxrl_agents.training import builders as B
 from jaxrl_agents.training.checkpoint import Checkpointer
-from jaxrl_agents.training.config import RunConfig
+from jaxrl_agents.training.config import ConfigError, RunConfig
 from jaxrl_agents.training.metrics import RunLogger
 from jaxrl_agents.training.objectives import rl_loss, sft_loss
-from jaxrl_agents.training.step import OptimizerConfig, TrainState, init_train_state, make_train_step
+from jaxrl_agents.training.step import (
+    OptimizerConfig,
+    TrainState,
+    init_train_state,
+    make_train_step,
+)
 
 log = logging.getLogger("jaxrl_agents")
 
@@ -78,7 +83,7 @@ def build_components(cfg: RunConfig) -> Components:
     from jaxrl_agents.chat import ChatFormat
     from jaxrl_agents.rewards import RewardComposer, RewardConfig
     from jaxrl_agents.sharding import make_mesh
-    from jaxrl_agents.training.config import ConfigError, build
+    from jaxrl_agents.training.config import build
 
     adv_cfg = build(AdvantageConfig, cfg.advantage, "advantage")
     loss_cfg = build(LossConfig, cfg.loss, "loss")
@@ -94,8 +99,20 @@ def build_components(cfg: RunConfig) -> Components:
     graphdef, _, rest = B.split_params(model)
     run_dir = Path(cfg.run_dir)
     return Components(
-        cfg, mesh, tokenizer, chat, model, graphdef, rest, env_cls, env_kwargs, task_kwargs,
-        RewardComposer(reward_cfg), adv_cfg, loss_cfg, run_dir,
+        cfg,
+        mesh,
+        tokenizer,
+        chat,
+        model,
+        graphdef,
+        rest,
+        env_cls,
+        env_kwargs,
+        task_kwargs,
+        RewardComposer(reward_cfg),
+        adv_cfg,
+        loss_cfg,
+        run_dir,
     )
 
 
@@ -132,11 +149,12 @@ async def golden_data(c: Components, n: int) -> list[tuple[list[int], list[int]]
     tr = c.cfg.trainer
     oracle = B.oracle_for(c.env_cls)
     rng = np.random.default_rng(c.cfg.seed)
-    kw = {}
-    if tr.premature_prob > 0:
-        if not B.accepts(oracle, "premature_prob"):
-            raise ValueError(f"{c.env_cls.__name__}'s oracle does not support premature_prob")
-        kw["premature_prob"] = tr.premature_prob
+    kw = dict(tr.oracle)
+    for name in kw:
+        if not B.accepts(oracle, name):
+            raise ConfigError(
+                f"trainer.oracle.{name}: {c.env_cls.__name__}'s oracle_policy has no such argument"
+            )
     if B.accepts(oracle, "rng"):
         kw["rng"] = rng
 
@@ -180,7 +198,9 @@ async def _run(cfg: RunConfig) -> dict[str, Any]:
         (c.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     logger = RunLogger(c.run_dir)
     ckpt = Checkpointer(
-        c.run_dir / "checkpoints", keep=tr.keep_checkpoints, async_save=tr.async_checkpoints,
+        c.run_dir / "checkpoints",
+        keep=tr.keep_checkpoints,
+        async_save=tr.async_checkpoints,
         best_metric="heldout_success",
     )
     heldout = c.tasks("heldout", tr.heldout_tasks, seed=cfg.seed)
@@ -211,23 +231,32 @@ async def _run(cfg: RunConfig) -> dict[str, Any]:
             logger.trajectories(0, trajs, name="heldout_sft")
             if jax.process_index() == 0:
                 state_files.write_text(json.dumps(stages, indent=2))
-            print(f"SFT held-out success: {summary['success']:.3f} "
-                  f"(95% CI {summary['success_ci95'][0]:.3f}-{summary['success_ci95'][1]:.3f})",
-                  flush=True)
+            print(
+                f"SFT held-out success: {summary['success']:.3f} "
+                f"(95% CI {summary['success_ci95'][0]:.3f}-{summary['success_ci95'][1]:.3f})",
+                flush=True,
+            )
             # RL starts from the SFT weights with a fresh optimizer.
             state = init_train_state(state.params, rl_tx, seed=cfg.seed + 1)
             stage, step = "rl", 0
             ckpt.save(tr.sft_steps, state, {"stage": "rl", "stage_step": 0}, force=True)
-            ckpt.save_best(tr.sft_steps, state, {"stage": "rl", "stage_step": 0},
-                           {"heldout_success": summary["success"]})
+            ckpt.save_best(
+                tr.sft_steps,
+                state,
+                {"stage": "rl", "stage_step": 0},
+                {"heldout_success": summary["success"]},
+            )
         engine.update_weights(c.merged(state.params))
         # RL ----------------------------------------------------------------------------------
-        state, curve = await _rl(c, engine, state, step, rl_tx, ckpt, logger, heldout, train_tasks,
-                                 stages)
+        state, curve = await _rl(
+            c, engine, state, step, rl_tx, ckpt, logger, heldout, train_tasks, stages
+        )
         ckpt.wait()
         # FINAL EVAL + EXPORT -----------------------------------------------------------------
         engine.update_weights(c.merged(state.params))
-        final, trajs = await evaluate_heldout(c, engine, heldout, version=tr.sft_steps + tr.rl_steps)
+        final, trajs = await evaluate_heldout(
+            c, engine, heldout, version=tr.sft_steps + tr.rl_steps
+        )
     logger.trajectories(tr.rl_steps, trajs, name="heldout_rl_final")
     export_dir = None
     if tr.export and jax.process_index() == 0:
@@ -280,8 +309,11 @@ async def _rl(c, engine, state, start, tx, ckpt, logger, heldout, train_tasks, s
     cfg, tr, r = c.cfg, c.cfg.trainer, c.cfg.rollout
     curve: list[dict[str, float]] = stages.get("curve", [])
     step_fn = make_train_step(
-        c.graphdef, tx, rl_loss(c.loss_cfg, chunk=tr.logprob_chunk),
-        microbatches=tr.microbatches, rest=c.rest,
+        c.graphdef,
+        tx,
+        rl_loss(c.loss_cfg, chunk=tr.logprob_chunk),
+        microbatches=tr.microbatches,
+        rest=c.rest,
     )
     adv_fn = jax.jit(lambda inputs: compute_advantages(c.adv_cfg.name, inputs, c.adv_cfg))
     ref_params = None
@@ -309,8 +341,13 @@ async def _rl(c, engine, state, start, tx, ckpt, logger, heldout, train_tasks, s
             pending = asyncio.ensure_future(collect(s + 1))  # runs while this step trains
         t_train = time.perf_counter()
         # ADVANTAGES
-        packed = pack(trajs, buckets=tr.seq_buckets, batch_size=batch_rows, max_turns=r.max_turns,
-                      pad_id=c.chat.pad_id)
+        packed = pack(
+            trajs,
+            buckets=tr.seq_buckets,
+            batch_size=batch_rows,
+            max_turns=r.max_turns,
+            pad_id=c.chat.pad_id,
+        )
         b, ep = packed.batch, packed.episodes
         rewards = jnp.asarray(ep.rewards)
         kl_metrics = {}
@@ -318,29 +355,41 @@ async def _rl(c, engine, state, start, tx, ckpt, logger, heldout, train_tasks, s
             # KL to the reference as a reward penalty (rather than a loss term).
             ref_lp = ref_fn(ref_params, B.place(b, sharding))
             rewards, kl_traj = kl_reward(
-                rewards, logprobs=jnp.asarray(b.old_logprobs), ref_logprobs=ref_lp,
-                loss_mask=jnp.asarray(b.loss_mask), kind=c.loss_cfg.kl_estimator,
-                coef=c.loss_cfg.kl_coef)
+                rewards,
+                logprobs=jnp.asarray(b.old_logprobs),
+                ref_logprobs=ref_lp,
+                loss_mask=jnp.asarray(b.loss_mask),
+                kind=c.loss_cfg.kl_estimator,
+                coef=c.loss_cfg.kl_coef,
+            )
             kl_metrics = {"kl_reward": float(jnp.mean(kl_traj))}
         inputs = AdvantageInputs(
-            rewards=rewards, group_ids=jnp.asarray(ep.group_ids),
-            loss_mask=jnp.asarray(b.loss_mask), turn_ids=jnp.asarray(b.turn_ids),
-            turn_rewards=jnp.asarray(ep.turn_rewards), turn_mask=jnp.asarray(ep.turn_mask),
+            rewards=rewards,
+            group_ids=jnp.asarray(ep.group_ids),
+            loss_mask=jnp.asarray(b.loss_mask),
+            turn_ids=jnp.asarray(b.turn_ids),
+            turn_rewards=jnp.asarray(ep.turn_rewards),
+            turn_mask=jnp.asarray(ep.turn_mask),
             anchor_ids=jnp.asarray(ep.anchor_ids),
         )
         adv = adv_fn(inputs)
-        b = b._replace(advantages=np.asarray(adv.advantages),
-                       returns=np.asarray(adv.returns) if adv.returns is not None else b.returns)
+        b = b._replace(
+            advantages=np.asarray(adv.advantages),
+            returns=np.asarray(adv.returns) if adv.returns is not None else b.returns,
+        )
         # UPDATE
         metrics: dict[str, Any] = {}
         mb_rows = batch_rows // tr.minibatches
         perm = np.random.default_rng(cfg.seed + s).permutation(batch_rows)
         for _epoch in range(tr.ppo_epochs):
             for m in range(tr.minibatches):
-                rows = perm[m * mb_rows:(m + 1) * mb_rows]
+                rows = perm[m * mb_rows : (m + 1) * mb_rows]
                 mb = B.place(jax.tree.map(lambda x, rows=rows: x[rows], b), sharding)
-                extra = {"denom": aggregation_denominator(
-                    mb.loss_mask, c.loss_cfg.agg_mode, max_len=c.loss_cfg.max_len_norm)}
+                extra = {
+                    "denom": aggregation_denominator(
+                        mb.loss_mask, c.loss_cfg.agg_mode, max_len=c.loss_cfg.max_len_norm
+                    )
+                }
                 if ref_params is not None and not c.loss_cfg.kl_as_reward:
                     extra["ref_logprobs"] = ref_fn(ref_params, mb)
                 state, metrics = await asyncio.to_thread(step_fn, state, mb, extra)
@@ -360,8 +409,11 @@ async def _rl(c, engine, state, start, tx, ckpt, logger, heldout, train_tasks, s
             **{f"reward/{k}": v for k, v in roll["reward_terms"].items()},
             **{f"failure/{k}": v for k, v in roll["failure_modes"].items()},
             "adv_mean": float(np.sum(b.advantages * b.loss_mask) / max(b.loss_mask.sum(), 1)),
-            "adv_abs": float(np.sum(np.abs(b.advantages) * b.loss_mask) / max(b.loss_mask.sum(), 1)),
-            "rollout_s": rollout_s, "train_s": train_s,
+            "adv_abs": float(
+                np.sum(np.abs(b.advantages) * b.loss_mask) / max(b.loss_mask.sum(), 1)
+            ),
+            "rollout_s": rollout_s,
+            "train_s": train_s,
             "gen_tok_s": float(b.loss_mask.sum()) / max(rollout_s, 1e-9),
             "truncated": packed.truncated,
             "staleness": float(np.mean([tr.sft_steps + s - t.policy_version for t in trajs])),
@@ -380,7 +432,9 @@ async def _rl(c, engine, state, start, tx, ckpt, logger, heldout, train_tasks, s
             summary, _ = await evaluate_heldout(c, engine, heldout, version=tr.sft_steps + s + 1)
             point["heldout_success"] = summary["success"]
             logger.log(s + 1, {"heldout_success": summary["success"]}, stage="eval")
-            ckpt.save_best(tr.sft_steps + s + 1, state, meta, {"heldout_success": summary["success"]})
+            ckpt.save_best(
+                tr.sft_steps + s + 1, state, meta, {"heldout_success": summary["success"]}
+            )
         curve.append(point)
         if (s + 1) % tr.checkpoint_every == 0 or s + 1 == tr.rl_steps:
             ckpt.save(tr.sft_steps + s + 1, state, meta)
@@ -394,9 +448,15 @@ def _ref_logprobs(c: Components, params, batch):
     from jaxrl_agents.training.logprobs import token_stats
 
     model = c.merged(params)
-    return token_stats(model, batch.input_ids, batch.positions, batch.segment_ids,
-                       batch.target_ids, chunk=c.cfg.trainer.logprob_chunk,
-                       with_entropy=False).logprobs
+    return token_stats(
+        model,
+        batch.input_ids,
+        batch.positions,
+        batch.segment_ids,
+        batch.target_ids,
+        chunk=c.cfg.trainer.logprob_chunk,
+        with_entropy=False,
+    ).logprobs
 
 
 def _bar(it, desc: str, enabled: bool, **kw):

@@ -117,11 +117,15 @@ def make_train_step(
         B = batch.input_ids.shape[0]
         if B % microbatches:
             raise ValueError(f"batch size {B} is not divisible by microbatches={microbatches}")
-        mbs = jax.tree.map(lambda x: x.reshape(microbatches, B // microbatches, *x.shape[1:]), batch)
+        mbs = jax.tree.map(
+            lambda x: x.reshape(microbatches, B // microbatches, *x.shape[1:]), batch
+        )
         mb_extra = jax.tree.map(
-            lambda x: x.reshape(microbatches, B // microbatches, *x.shape[1:])
-            if getattr(x, "ndim", 0) >= 1 and x.shape[0] == B
-            else jnp.broadcast_to(x, (microbatches, *jnp.shape(x))),
+            lambda x: (
+                x.reshape(microbatches, B // microbatches, *x.shape[1:])
+                if getattr(x, "ndim", 0) >= 1 and x.shape[0] == B
+                else jnp.broadcast_to(x, (microbatches, *jnp.shape(x)))
+            ),
             extra,
         )
 
@@ -135,8 +139,11 @@ def make_train_step(
 
         zeros_g = jax.tree.map(jnp.zeros_like, state.params)
         (_, m0), _ = jax.eval_shape(
-            lambda: grads_of(state.params, jax.tree.map(lambda x: x[0], mbs), 
-                             jax.tree.map(lambda x: x[0], mb_extra))
+            lambda: grads_of(
+                state.params,
+                jax.tree.map(lambda x: x[0], mbs),
+                jax.tree.map(lambda x: x[0], mb_extra),
+            )
         )
         zeros_m = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), m0)
         (g, loss, metrics), _ = jax.lax.scan(

@@ -23,9 +23,18 @@ def chat():
 
 def _orch(chat, engine, env_factory=Calc, **cfg):
     return Orchestrator(
-        engine=engine, chat=chat, env_factory=env_factory,
-        cfg=RolloutConfig(**{"group_size": 2, "max_turns": 4, "max_new_tokens": 64,
-                             "max_total_tokens": 512, **cfg}),
+        engine=engine,
+        chat=chat,
+        env_factory=env_factory,
+        cfg=RolloutConfig(
+            **{
+                "group_size": 2,
+                "max_turns": 4,
+                "max_new_tokens": 64,
+                "max_total_tokens": 512,
+                **cfg,
+            }
+        ),
         sampling_params=lambda n, seed: type("P", (), {"max_new_tokens": n, "seed": seed})(),
     )
 
@@ -35,7 +44,9 @@ def test_oracle_solves_and_tokens_match_template(chat):
     orch = _orch(chat, ScriptedEngine(chat, policy_factory=oracle_policy))
     trajs = asyncio.run(orch.run(tasks, group_size=2))
     assert len(trajs) == 12
-    assert [(t.group_id, t.sample_index) for t in trajs] == [(i, k) for i in range(6) for k in range(2)]
+    assert [(t.group_id, t.sample_index) for t in trajs] == [
+        (i, k) for i in range(6) for k in range(2)
+    ]
     for t in trajs:
         assert t.success and t.end_reason == EndReason.ANSWERED
         assert len(t.turns) >= 2 and t.tool_calls
@@ -59,17 +70,26 @@ def test_wrong_policy_fails(chat):
 
 
 def _looping(task):
-    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "1+1"}}}
+    call = {
+        "type": "function",
+        "function": {"name": "calculator", "arguments": {"expression": "1+1"}},
+    }
     return lambda messages: {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
 def test_max_turns_and_max_tokens(chat):
     tasks = Calc.make_tasks("train", 2, seed=0)
-    trajs = asyncio.run(_orch(chat, ScriptedEngine(chat, policy_factory=_looping),
-                              max_turns=3).run(tasks, group_size=1))
+    trajs = asyncio.run(
+        _orch(chat, ScriptedEngine(chat, policy_factory=_looping), max_turns=3).run(
+            tasks, group_size=1
+        )
+    )
     assert all(t.end_reason == EndReason.MAX_TURNS and len(t.turns) == 3 for t in trajs)
-    trajs = asyncio.run(_orch(chat, ScriptedEngine(chat, policy_factory=_looping),
-                              max_turns=50, max_total_tokens=200).run(tasks, group_size=1))
+    trajs = asyncio.run(
+        _orch(
+            chat, ScriptedEngine(chat, policy_factory=_looping), max_turns=50, max_total_tokens=200
+        ).run(tasks, group_size=1)
+    )
     assert all(t.end_reason == EndReason.MAX_TOKENS for t in trajs)
     assert all(len(t.token_ids) <= 200 for t in trajs)
 
@@ -88,12 +108,21 @@ class _HangingEnv(Calc):
 def test_env_faults_end_episodes_with_reasons(chat):
     tasks = Calc.make_tasks("train", 3, seed=0)
     t0 = time.time()
-    trajs = asyncio.run(_orch(chat, ScriptedEngine(chat, policy_factory=oracle_policy),
-                              env_factory=_RaisingEnv).run(tasks, group_size=1))
+    trajs = asyncio.run(
+        _orch(
+            chat, ScriptedEngine(chat, policy_factory=oracle_policy), env_factory=_RaisingEnv
+        ).run(tasks, group_size=1)
+    )
     assert all(t.end_reason == EndReason.ENV_ERROR and "backend down" in t.error for t in trajs)
     assert all(t.turns and sum(t.loss_mask) > 0 for t in trajs)  # data kept
-    trajs = asyncio.run(_orch(chat, ScriptedEngine(chat, policy_factory=oracle_policy),
-                              env_factory=_HangingEnv, episode_timeout_s=0.5).run(tasks, group_size=2))
+    trajs = asyncio.run(
+        _orch(
+            chat,
+            ScriptedEngine(chat, policy_factory=oracle_policy),
+            env_factory=_HangingEnv,
+            episode_timeout_s=0.5,
+        ).run(tasks, group_size=2)
+    )
     assert all(t.end_reason == EndReason.EPISODE_TIMEOUT for t in trajs)
     assert all(t.turns for t in trajs)
     assert time.time() - t0 < 10

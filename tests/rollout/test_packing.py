@@ -10,9 +10,16 @@ from jaxrl_agents.types import Ann, EndReason, Task, Trajectory, Turn
 def _traj(ids, mask, lps, turns, *, reward=0.0, group=0):
     return Trajectory(
         task=Task(id="t", env="x", split="train", data={}),
-        messages=[], tools=[], token_ids=ids, loss_mask=mask, logprobs=lps,
-        prompt_len=mask.index(1) if 1 in mask else len(ids), turns=turns,
-        end_reason=EndReason.ANSWERED, group_id=group, reward=reward,
+        messages=[],
+        tools=[],
+        token_ids=ids,
+        loss_mask=mask,
+        logprobs=lps,
+        prompt_len=mask.index(1) if 1 in mask else len(ids),
+        turns=turns,
+        end_reason=EndReason.ANSWERED,
+        group_id=group,
+        reward=reward,
     )
 
 
@@ -29,13 +36,18 @@ def test_alignment_masks_and_turns():
     mask = [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
     lps = [0, 0, 0, -0.1, -0.2, 0, 0, -0.3, -0.4, -0.5]
     turns = [
-        Turn(index=0, start=3, end=5, reward_terms={"step": -0.05},
-             annotations={Ann.STATE_KEY: "s0"}),
-        Turn(index=1, start=7, end=10, reward_terms={"step": -0.05, "outcome": 1.0},
-             annotations={Ann.STATE_KEY: "s1"}),
+        Turn(
+            index=0, start=3, end=5, reward_terms={"step": -0.05}, annotations={Ann.STATE_KEY: "s0"}
+        ),
+        Turn(
+            index=1,
+            start=7,
+            end=10,
+            reward_terms={"step": -0.05, "outcome": 1.0},
+            annotations={Ann.STATE_KEY: "s1"},
+        ),
     ]
-    p = pack([_traj(ids, mask, lps, turns, reward=0.9)], buckets=[4, 16], batch_size=2,
-             max_turns=3)
+    p = pack([_traj(ids, mask, lps, turns, reward=0.9)], buckets=[4, 16], batch_size=2, max_turns=3)
     b, ep = p.batch, p.episodes
     assert b.input_ids.shape == (2, 16) and p.truncated == 0
     # position t predicts token t+1
@@ -59,10 +71,20 @@ def test_alignment_masks_and_turns():
 def test_truncation_counted_and_shared_anchors():
     ids = list(range(40))
     mask = [0] * 10 + [1] * 30
-    t1 = _traj(ids, mask, [0.0] * 40, [Turn(index=0, start=10, end=40,
-               annotations={Ann.STATE_KEY: "same"})], group=3)
-    t2 = _traj(ids[:12], mask[:12], [0.0] * 12, [Turn(index=0, start=10, end=12,
-               annotations={Ann.STATE_KEY: "same"})], group=3)
+    t1 = _traj(
+        ids,
+        mask,
+        [0.0] * 40,
+        [Turn(index=0, start=10, end=40, annotations={Ann.STATE_KEY: "same"})],
+        group=3,
+    )
+    t2 = _traj(
+        ids[:12],
+        mask[:12],
+        [0.0] * 12,
+        [Turn(index=0, start=10, end=12, annotations={Ann.STATE_KEY: "same"})],
+        group=3,
+    )
     p = pack([t1, t2], buckets=[16])
     assert p.truncated == 1 and p.batch.input_ids.shape == (2, 16)
     assert p.episodes.anchor_ids[0, 0] == p.episodes.anchor_ids[1, 0] == 0

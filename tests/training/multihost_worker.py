@@ -38,10 +38,19 @@ def main() -> None:
     replicated = NamedSharding(mesh, PartitionSpec())
     rows_sharding = NamedSharding(mesh, PartitionSpec("data"))
 
-    cfg = ModelConfig.from_hf_config(dict(
-        model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=128, tie_word_embeddings=True))
+    cfg = ModelConfig.from_hf_config(
+        dict(
+            model_type="qwen2",
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            tie_word_embeddings=True,
+        )
+    )
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
@@ -65,17 +74,23 @@ def main() -> None:
             data.append((rng.integers(1, 64, n).tolist(), [0] * 4 + [1] * (n - 4)))
         batch, _ = pack_sft(data, buckets=[SEQ])
         per = GLOBAL_BATCH // nproc
-        local = jax.tree.map(lambda x: x[pid * per:(pid + 1) * per], batch)
+        local = jax.tree.map(lambda x, per=per: x[pid * per : (pid + 1) * per], batch)
         gbatch = jax.tree.map(
-            lambda x: jax.make_array_from_process_local_data(rows_sharding, x), local)
-        denom = jax.make_array_from_callback(
-            (), replicated, lambda idx: np.float32(batch.loss_mask.sum()))
+            lambda x: jax.make_array_from_process_local_data(rows_sharding, x), local
+        )
+        total = np.float32(batch.loss_mask.sum())
+        denom = jax.make_array_from_callback((), replicated, lambda idx, total=total: total)
         state, metrics = step(state, gbatch, {"denom": denom})
-    flat = {jax.tree_util.keystr(k): np.asarray(multihost_utils.process_allgather(v, tiled=True))
-            for k, v in jax.tree_util.tree_leaves_with_path(state.params)}
+    flat = {
+        jax.tree_util.keystr(k): np.asarray(multihost_utils.process_allgather(v, tiled=True))
+        for k, v in jax.tree_util.tree_leaves_with_path(state.params)
+    }
     if pid == 0:
-        np.savez(out, loss=np.asarray(multihost_utils.process_allgather(metrics["loss"], tiled=True)),
-                 **flat)
+        np.savez(
+            out,
+            loss=np.asarray(multihost_utils.process_allgather(metrics["loss"], tiled=True)),
+            **flat,
+        )
     if nproc > 1:
         jax.distributed.shutdown()
 

@@ -17,8 +17,12 @@ def test_unknown_key_names_key_and_valid_choices():
 
 @pytest.mark.parametrize(
     "data, key",
-    [({"seed": "zero"}, "seed"), ({"trainer": {"resume": 1}}, "trainer.resume"),
-     ({"trainer": {"rl_steps": 2.5}}, "trainer.rl_steps"), ({"model": 3}, "model")],
+    [
+        ({"seed": "zero"}, "seed"),
+        ({"trainer": {"resume": 1}}, "trainer.resume"),
+        ({"trainer": {"rl_steps": 2.5}}, "trainer.rl_steps"),
+        ({"model": 3}, "model"),
+    ],
 )
 def test_wrong_types(data, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

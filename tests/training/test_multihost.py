@@ -22,8 +22,13 @@ def _run(nproc: int, out: Path) -> None:
     port = str(_free_port())
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs = [
-        subprocess.Popen([sys.executable, str(WORKER), str(i), str(nproc), port, str(out)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(i), str(nproc), port, str(out)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i in range(nproc)
     ]
     for p in procs:
