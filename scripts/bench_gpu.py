@@ -26,26 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 HBM_BW = 4.8e12
-SHAPES = {
-    "0.5b": dict(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    ),
-    "1.5b": dict(
-        vocab_size=151936,
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    ),
-}
+from bench_train import MODELS  # noqa: E402  (the shared model shapes)
+
+SHAPES = {k: dict(MODELS[k], tie_word_embeddings=True) for k in ("0.5b", "1.5b")}
 
 
 def _pair(shape: dict, folder: str):

@@ -25,7 +25,7 @@ import math
 import operator
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxrl_agents.envs.base import Env, EnvConfig, check_split, last_number, split_of
@@ -270,6 +270,8 @@ def oracle_policy(
     *,
     premature_prob: float = 0.0,
     premature_ops: str | None = None,
+    premature_below: int | None = None,
+    premature_words: Sequence[str] | None = None,
     rng: Any = None,
     combined: bool = False,
 ) -> Callable[[list[Message]], Message]:
@@ -277,13 +279,20 @@ def oracle_policy(
 
     With probability ``premature_prob`` (drawn once per episode from ``rng``, a ``random.Random``
     or ``numpy.random.Generator``) it answers at once with :func:`premature_guess`; with
-    ``premature_ops`` (e.g. ``"+"``) only problems whose first step uses one of those operators
-    are answered early — golden data whose author did the "easy-looking" ones in their head, a
-    habit a policy can learn (the demo's premature-completion failure). ``combined`` does all
-    steps in one call (``37*12-5``).
+    ``premature_ops`` (e.g. ``"+"``), ``premature_below`` (e.g. 50: the first number is below it)
+    and/or ``premature_words`` (e.g. ``["coins"]``: the question mentions one) only the matching
+    problems are answered early — golden data whose author did those in their head, a habit a
+    policy can learn (the demo's premature-completion failure). ``combined`` does all steps in
+    one call (``37*12-5``).
     """
     first_expr = task.data["steps"][0]["expression"]
-    applies = premature_ops is None or any(op in first_expr for op in premature_ops)
+    first_number = int(re.match(r"\d+", first_expr).group())
+    question = task.data["question"]
+    applies = (
+        (premature_ops is None or any(op in first_expr for op in premature_ops))
+        and (premature_below is None or first_number < premature_below)
+        and (premature_words is None or any(w in question.split() for w in premature_words))
+    )
     premature = applies and premature_prob > 0 and _rand(rng) < premature_prob
     guess = premature_guess(task, _rand(rng)) if premature else None
     steps = task.data["steps"]

@@ -16,19 +16,18 @@ from jaxrl_agents.rollout.packing import TrainBatch
 from jaxrl_agents.training.logprobs import token_stats
 
 
+def _stats(model, mb: TrainBatch, *, chunk: int, with_entropy: bool):
+    return token_stats(
+        model, mb.input_ids, mb.positions, mb.segment_ids, mb.target_ids,
+        chunk=chunk, with_entropy=with_entropy,
+    )  # fmt: skip
+
+
 def sft_loss(*, chunk: int):
     """Token-mean negative log-likelihood over assistant tokens (same mask as RL)."""
 
     def loss_fn(model, mb: TrainBatch, extra: dict[str, Any]):
-        stats = token_stats(
-            model,
-            mb.input_ids,
-            mb.positions,
-            mb.segment_ids,
-            mb.target_ids,
-            chunk=chunk,
-            with_entropy=False,
-        )
+        stats = _stats(model, mb, chunk=chunk, with_entropy=False)
         mask = mb.loss_mask
         nll_sum = -jnp.sum(stats.logprobs * mask)
         loss = nll_sum / jnp.maximum(extra["denom"], 1.0)
@@ -48,15 +47,7 @@ def rl_loss(loss_cfg: Any, *, chunk: int):
 
     def loss_fn(model, mb: TrainBatch, extra: dict[str, Any]):
         need_entropy = getattr(loss_cfg, "entropy_coef", 0.0) != 0.0
-        stats = token_stats(
-            model,
-            mb.input_ids,
-            mb.positions,
-            mb.segment_ids,
-            mb.target_ids,
-            chunk=chunk,
-            with_entropy=True,
-        )
+        stats = _stats(model, mb, chunk=chunk, with_entropy=True)
         loss, metrics = policy_loss(
             logprobs=stats.logprobs,
             old_logprobs=mb.old_logprobs,
