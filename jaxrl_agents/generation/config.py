@@ -1,0 +1,143 @@
+"""Configuration records of the sampler engine: what to sample (per request) and how to batch.
+
+``SamplingParams`` travels with every ``Session.generate`` call; ``EngineConfig`` fixes the shapes
+that are compiled once (slots, per-slot cache length, prefill buckets, decode chunk). Both validate
+eagerly so a typo fails at construction, not at trace time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "cache_full"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one turn. Filters apply in the order temperature -> top-k -> top-p -> min-p."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy (argmax)."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 keeps all."""
+    top_p: float = 1.0
+    """Keep the smallest set of most likely tokens whose mass reaches top_p; 1 keeps all."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below min_p times the most likely token's; 0 keeps all."""
+    max_new_tokens: int = 64
+    """At most this many tokens are generated in the turn (finish reason ``length``)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Generation ends after any of these ids is sampled (it is returned, reason ``stop``)."""
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    """Generation ends once the generated tokens end with one of these id sequences (reason
+    ``stop``; the sequence is returned). Matched within this turn's generated tokens."""
+    seed: int = 0
+    """Request key = PRNGKey(seed); the key of a token is fold_in(request key, its position)."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = no top-k filter)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1 = no top-p filter)")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"min_p={self.min_p} must be in [0, 1) (0 = no min-p filter)")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        seqs = tuple(tuple(int(t) for t in seq) for seq in self.stop_sequences)
+        if any(not seq or min(seq) < 0 for seq in seqs):
+            raise ValueError(f"stop_sequences={self.stop_sequences}: need non-empty id sequences")
+        object.__setattr__(self, "stop_sequences", seqs)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def changes_distribution(self) -> bool:
+        """True when the sampling distribution differs from the policy's (T=1, unfiltered)."""
+        return (
+            self.greedy
+            or self.temperature != 1.0
+            or self.top_k > 0
+            or self.top_p < 1.0
+            or self.min_p > 0.0
+        )
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """One turn's output. ``logprobs`` are under the policy (temperature 1, unfiltered): what the
+    trainer recomputes. ``sampling_logprobs`` are under the distribution actually sampled from
+    (temperature + filters), present only when that differs and is not greedy."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    sampling_logprobs: list[float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Compiled shapes of the engine: one prefill program per bucket, one decode program per
+    window (+ the full cache); ``Engine.compile_count`` stays within that bound."""
+
+    max_slots: int = 8
+    """Concurrent sessions (rows of the KV cache); a session holds its slot until closed."""
+    max_seq_len: int = 1024
+    """Most tokens a session's context may hold (prompt + all turns + tool results)."""
+    prefill_buckets: tuple[int, ...] = (16, 64, 256)
+    """Token-length buckets of prefill dispatches; longer inputs are prefilled in several chunks."""
+    decode_chunk: int = 16
+    """Most decode steps per dispatch (one jitted while_loop); new requests join between chunks."""
+    decode_windows: tuple[int, ...] | None = None
+    """Attention-window buckets of the decode program (one program each, plus the full cache):
+    a chunk attends over the smallest window holding every active row's context + the chunk.
+    None: powers of two from 128 below max_seq_len; (): always the full cache."""
+    max_stop_ids: int = 8
+    """Capacity of the per-slot stop-id table (a compiled shape)."""
+    max_stop_sequences: int = 4
+    """Capacity of the per-slot stop-sequence table (a compiled shape)."""
+    max_stop_sequence_len: int = 8
+    """Longest stop sequence (a compiled shape)."""
+    cache_dtype: str | None = None
+    """KV cache dtype; None uses the model's compute dtype."""
+
+    def __post_init__(self) -> None:
+        if self.max_slots < 1:
+            raise ValueError(f"max_slots={self.max_slots} must be >= 1")
+        if self.max_seq_len < 2:
+            raise ValueError(f"max_seq_len={self.max_seq_len} must be >= 2")
+        buckets = tuple(sorted({int(b) for b in self.prefill_buckets}))
+        if not buckets or buckets[0] < 1:
+            raise ValueError(f"prefill_buckets={self.prefill_buckets} must be positive lengths")
+        object.__setattr__(self, "prefill_buckets", buckets)
+        if self.decode_windows is None:
+            wins, w = [], 128
+            while w < self.max_seq_len:
+                wins.append(w)
+                w *= 2
+        else:
+            wins = sorted({int(w) for w in self.decode_windows})
+            if wins and (wins[0] < 1 or wins[-1] > self.max_seq_len):
+                raise ValueError(
+                    f"decode_windows={self.decode_windows} must lie in [1, max_seq_len="
+                    f"{self.max_seq_len}]"
+                )
+        object.__setattr__(self, "decode_windows", tuple(w for w in wins if w < self.max_seq_len))
+        if self.decode_chunk < 1:
+            raise ValueError(f"decode_chunk={self.decode_chunk} must be >= 1")
+        if self.max_stop_sequences < 1 or self.max_stop_sequence_len < 1:
+            raise ValueError(
+                f"max_stop_sequences={self.max_stop_sequences} and max_stop_sequence_len="
+                f"{self.max_stop_sequence_len} must be >= 1"
+            )
+        if self.max_stop_ids < 1:
+            raise ValueError(f"max_stop_ids={self.max_stop_ids} must be >= 1")
+        if self.cache_dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"cache_dtype={self.cache_dtype!r}; valid: None, 'float32', 'bfloat16', 'float16'"
+            )

@@ -1,0 +1,442 @@
+"""Continuous-batching sampler engine: slots, multi-turn sessions, an asyncio API.
+
+Every session owns one slot — one row of the KV cache — until it is closed, so a multi-turn
+episode keeps its history on device: a later turn prefills only the appended tokens (tool results)
+after the previous turn's last sampled token. A background scheduler task alternates between
+
+  # ADMIT   prefill the new tokens of every waiting request (bucketed, all rows in one dispatch)
+  # DECODE  one chunk of up to ``decode_chunk`` steps over all slots with a running turn
+
+and resolves each request's future when its row stops. Device work runs in a worker thread
+(``asyncio.to_thread``), so the event loop — and the tools of other episodes — keep running.
+Requests arriving during a chunk join at the next chunk boundary.
+
+Compiled programs: one prefill program per bucket and one decode program per attention window
+(``EngineConfig.decode_windows`` + the full cache) that gets used; ``compile_count`` counts traces
+of both (each trace is one XLA compilation). Under a mesh the slots are sharded over
+(``data``, ``fsdp``), KV heads over ``tensor`` when they divide, and the weights as
+``jaxrl_agents.sharding`` says.
+
+Deviations: prefill always runs all slots' rows (idle rows write nothing), which is cheapest when
+admissions are batched; stop *sequences* are not supported, only stop ids.
+Usage: see ``tests/generation/test_engine_async.py``; benchmark: ``scripts/bench_sampler.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxrl_agents.generation.config import EngineConfig, GenerationResult, SamplingParams
+from jaxrl_agents.generation.sampling import SlotSampling
+from jaxrl_agents.generation.steps import (
+    FINISH_NAMES,
+    RUNNING,
+    SlotState,
+    make_decode,
+    make_prefill,
+)
+from jaxrl_agents.models.decoder import init_cache
+
+# Logical axes of the KV cache buffers [L B S K Dh] (mapped by jaxrl_agents.sharding).
+_CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+
+
+class _Request:
+    """One ``generate`` call in flight: its tokens, parameters and accumulated output."""
+
+    def __init__(self, session: Session, prompt: list[int], params: SamplingParams, future):
+        self.session, self.prompt, self.params, self.future = session, prompt, params, future
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.sampling_logprobs: list[float] = []
+
+
+class Session:
+    """Owns one slot (a KV-cache row) until ``close``. Not for concurrent ``generate`` calls."""
+
+    def __init__(self, engine: Engine, slot: int):
+        self._engine, self.slot = engine, slot
+        self.cached = 0  # tokens in the slot's cache
+        self.pending: int | None = None  # last sampled token: in the context, not yet cached
+        self._busy = False
+        self._cancelled = False  # a cancelled turn leaves the slot's context undefined
+        self.closed = False
+
+    @property
+    def length(self) -> int:
+        """Tokens in this session's context (cached + the pending last sampled token)."""
+        return self.cached + (self.pending is not None)
+
+    async def generate(self, new_token_ids: list[int], params: SamplingParams) -> GenerationResult:
+        """Append ``new_token_ids`` (the prompt on the first call) and generate one turn."""
+        if self.closed or self._cancelled:
+            why = "closed" if self.closed else "unusable after a cancelled generate (close it)"
+            raise RuntimeError(f"session on slot {self.slot} is {why}")
+        if self._busy:
+            raise RuntimeError(f"session on slot {self.slot} already has a generate in flight")
+        new = [int(t) for t in new_token_ids]
+        if not new and self.pending is None:
+            raise ValueError("the first generate of a session needs a non-empty prompt")
+        vocab = self._engine.vocab_size
+        bad = [t for t in new if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        if self.length + len(new) >= self._engine.cfg.max_seq_len:
+            return GenerationResult(token_ids=[], logprobs=[], finish_reason="cache_full")
+        if len(params.stop_token_ids) > self._engine.cfg.max_stop_ids:
+            raise ValueError(
+                f"{len(params.stop_token_ids)} stop ids > EngineConfig.max_stop_ids="
+                f"{self._engine.cfg.max_stop_ids}"
+            )
+        cfg = self._engine.cfg
+        if len(params.stop_sequences) > cfg.max_stop_sequences or any(
+            len(q) > cfg.max_stop_sequence_len for q in params.stop_sequences
+        ):
+            raise ValueError(
+                f"stop_sequences={params.stop_sequences} exceed EngineConfig.max_stop_sequences="
+                f"{cfg.max_stop_sequences} / max_stop_sequence_len={cfg.max_stop_sequence_len}"
+            )
+        prompt = ([self.pending] if self.pending is not None else []) + new
+        self._busy = True
+        try:
+            return await self._engine._submit(self, prompt, params)
+        except asyncio.CancelledError:
+            self._cancelled = True
+            raise
+        finally:
+            self._busy = False
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await self._engine._release(self)
+
+
+class Engine:
+    """Continuous-batching sampler over a ``Transformer``; use as ``async with Engine(...)``."""
+
+    def __init__(self, model: nnx.Module, cfg: EngineConfig, *, mesh: Mesh | None = None):
+        self.cfg, self.mesh = cfg, mesh
+        mcfg = model.cfg
+        self.vocab_size = mcfg.vocab_size
+        B = cfg.max_slots
+        graphdef, state = nnx.split(model)
+        self._graphdef = graphdef
+        cache = init_cache(mcfg, batch=B, max_len=cfg.max_seq_len, dtype=cfg.cache_dtype)
+        cache_sharding = None
+        if mesh is not None:
+            from jaxrl_agents import sharding as shd
+
+            slot_axes = shd.LOGICAL_AXIS_RULES["batch"]
+            slot_axes = (slot_axes,) if isinstance(slot_axes, str) else tuple(slot_axes or ())
+            n_slot_shards = int(np.prod([mesh.shape[a] for a in slot_axes]))
+            if B % n_slot_shards:
+                raise ValueError(
+                    f"max_slots={B} must be a multiple of {'*'.join(slot_axes)}={n_slot_shards} "
+                    f"of mesh {dict(mesh.shape)}"
+                )
+            kv = shd.logical_sharding(_CACHE_AXES, mesh, shape=cache.k.shape)
+            lengths = shd.logical_sharding(("batch",), mesh, shape=(B,))
+            cache_sharding = type(cache)(k=kv, v=kv, lengths=lengths)
+            cache = jax.device_put(cache, cache_sharding)
+            # Parameters already placed (load_pretrained(mesh=...)) are not moved.
+            state = jax.device_put(state, shd.param_shardings(state, mesh))
+        self._state = state
+        self._cache = cache
+        self._traces = 0
+        self._trace_lock = threading.Lock()
+        self._prefill = jax.jit(
+            make_prefill(graphdef, on_trace=self._count, cache_constraint=cache_sharding),
+            donate_argnums=1,
+        )
+        # One decode program per attention window, jitted lazily (compiled on first use).
+        self._decoders = {
+            w: jax.jit(
+                make_decode(
+                    graphdef,
+                    chunk=cfg.decode_chunk,
+                    max_seq_len=cfg.max_seq_len,
+                    window=w,
+                    on_trace=self._count,
+                    cache_constraint=cache_sharding,
+                ),
+                donate_argnums=1,
+            )
+            for w in (*cfg.decode_windows, cfg.max_seq_len)
+        }
+        # Host mirrors of per-slot state; the device sees them as inputs of each dispatch.
+        self._lengths = np.zeros(B, np.int32)
+        self._last = np.zeros(B, np.int32)
+        self._n_gen = np.zeros(B, np.int32)
+        self._max_new = np.ones(B, np.int32)
+        self._stop = np.full((B, cfg.max_stop_ids), -1, np.int32)
+        self._stop_seqs = np.full(
+            (B, cfg.max_stop_sequences, cfg.max_stop_sequence_len), -1, np.int32
+        )
+        self._seed = np.zeros(B, np.uint32)
+        self._temp = np.ones(B, np.float32)
+        self._top_k = np.zeros(B, np.int32)
+        self._top_p = np.ones(B, np.float32)
+        self._min_p = np.zeros(B, np.float32)
+        self._running: dict[int, _Request] = {}  # slot -> request being decoded
+        self._waiting: list[_Request] = []  # requests to prefill at the next boundary
+        self._free = list(range(B))
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _count(self) -> None:
+        with self._trace_lock:
+            self._traces += 1
+
+    # ----------------------------------------------------------------- public API
+    @property
+    def compile_count(self) -> int:
+        """XLA programs compiled so far (traces of the prefill and decode functions)."""
+        return self._traces
+
+    def update_weights(self, model_or_state: Any) -> None:
+        """Swap in new parameters of the same structure, shapes and dtypes (no recompilation).
+
+        Takes effect at the next dispatch. The engine keeps references, not copies: if a train
+        step donates the parameter buffers, call this with the new ones before sampling again.
+        """
+        state = (
+            nnx.state(model_or_state) if isinstance(model_or_state, nnx.Module) else model_or_state
+        )
+        old_leaves, old_tree = jax.tree.flatten(self._state)
+        new_leaves, new_tree = jax.tree.flatten(state)
+        if old_tree != new_tree:
+            raise ValueError("update_weights: state structure differs from the engine's model")
+        for i, (a, b) in enumerate(zip(old_leaves, new_leaves, strict=True)):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise ValueError(
+                    f"update_weights: leaf {i} is {b.shape} {b.dtype}, expected {a.shape} {a.dtype}"
+                )
+        new_leaves = [
+            jax.device_put(b, a.sharding) if isinstance(a, jax.Array) else b
+            for a, b in zip(old_leaves, new_leaves, strict=True)
+        ]
+        self._state = jax.tree.unflatten(old_tree, new_leaves)
+
+    async def __aenter__(self) -> Engine:
+        if self._task is not None:
+            raise RuntimeError("engine already started")
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Condition()
+        self._stopping = False
+        self._task = asyncio.create_task(self._scheduler(), name="sampler-engine")
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._stopping = True
+        self._wake.set()
+        task, self._task = self._task, None
+        await task
+
+    async def open_session(self) -> Session:
+        """A session on a free slot, waiting until one is free."""
+        self._require_running()
+        async with self._slot_freed:
+            await self._slot_freed.wait_for(lambda: bool(self._free))
+            slot = self._free.pop(0)
+        return Session(self, slot)
+
+    def generate_batch(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[GenerationResult]:
+        """Synchronous convenience: one single-turn session per prompt (runs its own loop)."""
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+        if self._task is not None:
+            raise RuntimeError("generate_batch is synchronous; inside `async with` use sessions")
+
+        async def one(prompt, sp):
+            session = await self.open_session()
+            try:
+                return await session.generate(prompt, sp)
+            finally:
+                await session.close()
+
+        async def run():
+            async with self:
+                return await asyncio.gather(
+                    *(one(p, s) for p, s in zip(prompts, params, strict=True))
+                )
+
+        return list(asyncio.run(run()))
+
+    # ------------------------------------------------------------ session hooks
+    def _require_running(self) -> None:
+        if self._task is None:
+            raise RuntimeError("engine not started: use `async with engine:` (or generate_batch)")
+
+    async def _submit(self, session: Session, prompt: list[int], params: SamplingParams):
+        self._require_running()
+        req = _Request(session, prompt, params, self._loop.create_future())
+        self._waiting.append(req)
+        self._wake.set()
+        return await req.future
+
+    async def _release(self, session: Session) -> None:
+        for req in [self._running.pop(session.slot, None), *self._waiting]:
+            if req is not None and req.session is session and not req.future.done():
+                req.future.set_exception(RuntimeError(f"session on slot {session.slot} closed"))
+        self._waiting = [r for r in self._waiting if r.session is not session]
+        async with self._slot_freed:
+            self._free.append(session.slot)
+            self._slot_freed.notify()
+
+    # ---------------------------------------------------------------- scheduler
+    # Bookkeeping (host mirrors, _running, _waiting) happens on the event-loop thread only; the
+    # worker thread receives finished numpy inputs and runs the device calls.
+    async def _scheduler(self) -> None:
+        try:
+            while not self._stopping:
+                if not self._waiting and not self._running:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                # ADMIT
+                if self._waiting:
+                    batch, self._waiting = self._waiting, []
+                    await asyncio.to_thread(self._run_prefills, self._plan_admission(batch))
+                    for req in batch:
+                        if not req.future.done():  # closed sessions were failed in _release
+                            self._running[req.session.slot] = req
+                # DECODE
+                if self._running:
+                    slots, window = self._plan_decode()
+                    out = await asyncio.to_thread(self._run_decode, slots, window)
+                    self._collect(out)
+        except BaseException as err:  # fail every waiter rather than hang them
+            self._fail_all(err if isinstance(err, Exception) else RuntimeError("engine stopped"))
+            raise
+        self._fail_all(RuntimeError("engine stopped with the request pending"))
+
+    def _fail_all(self, err: Exception) -> None:
+        for req in [*self._waiting, *self._running.values()]:
+            if not req.future.done():
+                req.future.set_exception(err)
+        self._waiting, self._running = [], {}
+
+    def _plan_admission(self, batch: list[_Request]) -> list[tuple[np.ndarray, ...]]:
+        """Arm each request's slot; return the prefill dispatches writing all but the last token
+        of each request (the decode loop feeds the last one and samples from it)."""
+        B = self.cfg.max_slots
+        todo = {}
+        for req in batch:
+            s, sp = req.session.slot, req.params
+            todo[s] = req.prompt[:-1]
+            self._lengths[s] = req.session.cached
+            self._last[s] = req.prompt[-1]
+            self._n_gen[s] = 0
+            self._max_new[s] = sp.max_new_tokens
+            self._stop[s] = -1
+            self._stop[s, : len(sp.stop_token_ids)] = sp.stop_token_ids
+            self._stop_seqs[s] = -1
+            for q, seq in enumerate(sp.stop_sequences):
+                self._stop_seqs[s, q, self._stop_seqs.shape[2] - len(seq) :] = seq
+            self._seed[s] = np.uint32(sp.seed & 0xFFFFFFFF)
+            self._temp[s] = sp.temperature
+            self._top_k[s], self._top_p[s], self._min_p[s] = sp.top_k, sp.top_p, sp.min_p
+        dispatches = []
+        while any(todo.values()):
+            longest = max(len(t) for t in todo.values())
+            T = next((b for b in self.cfg.prefill_buckets if b >= longest), None)
+            T = T or self.cfg.prefill_buckets[-1]  # longer: several chunks of the largest bucket
+            tokens = np.zeros((B, T), np.int32)
+            n_valid = np.zeros(B, np.int32)
+            for s, toks in todo.items():
+                take, todo[s] = toks[:T], toks[T:]
+                tokens[s, : len(take)] = take
+                n_valid[s] = len(take)
+            dispatches.append((tokens, n_valid, self._lengths.copy()))
+            self._lengths += n_valid
+        for req in batch:
+            req.session.cached = int(self._lengths[req.session.slot])
+            req.session.pending = None
+        return dispatches
+
+    def _run_prefills(self, dispatches: list[tuple[np.ndarray, ...]]) -> None:
+        for tokens, n_valid, lengths in dispatches:
+            self._cache = self._prefill(self._state, self._cache, tokens, n_valid, lengths)
+
+    def _plan_decode(self) -> tuple[SlotState, int]:
+        active = np.zeros(self.cfg.max_slots, bool)
+        active[list(self._running)] = True
+        slots = SlotState(
+            lengths=self._lengths.copy(),
+            last_token=self._last.copy(),
+            active=active,
+            n_generated=self._n_gen.copy(),
+            max_new=self._max_new.copy(),
+            stop_ids=self._stop.copy(),
+            stop_seqs=self._stop_seqs.copy(),
+            recent=self._recent(),
+            sampling=SlotSampling(
+                seed=self._seed.copy(),
+                temperature=self._temp.copy(),
+                top_k=self._top_k.copy(),
+                top_p=self._top_p.copy(),
+                min_p=self._min_p.copy(),
+            ),
+        )
+        need = int(self._lengths[active].max()) + self.cfg.decode_chunk
+        window = next((w for w in self.cfg.decode_windows if w >= need), self.cfg.max_seq_len)
+        return slots, window
+
+    def _recent(self) -> np.ndarray:
+        """Int[B LS]: each running turn's last generated tokens, right-aligned, -2 padded."""
+        LS = self.cfg.max_stop_sequence_len
+        recent = np.full((self.cfg.max_slots, LS), -2, np.int32)
+        for slot, req in self._running.items():
+            tail = req.tokens[-LS:]
+            if tail:
+                recent[slot, LS - len(tail) :] = tail
+        return recent
+
+    def _run_decode(self, slots: SlotState, window: int):
+        self._cache, out = self._decoders[window](self._state, self._cache, slots)
+        return jax.device_get(out)
+
+    def _collect(self, out) -> None:
+        """Append each running row's new tokens; resolve the rows that finished."""
+        for slot, req in list(self._running.items()):
+            if req.future.done():  # the caller cancelled: stop spending steps on it
+                del self._running[slot]
+                continue
+            n = int(out.emitted[:, slot].sum())
+            if n == 0:
+                continue
+            req.tokens += out.tokens[:n, slot].tolist()
+            req.logprobs += out.logprobs[:n, slot].tolist()
+            req.sampling_logprobs += out.sampling_logprobs[:n, slot].tolist()
+            self._lengths[slot] += n  # each step cached the token it fed
+            self._n_gen[slot] += n
+            self._last[slot] = req.tokens[-1]
+            session = req.session
+            session.cached, session.pending = int(self._lengths[slot]), req.tokens[-1]
+            code = int(out.finish[slot])
+            if code != RUNNING:
+                del self._running[slot]
+                sp = req.params
+                keep_sampling = sp.changes_distribution and not sp.greedy
+                if not req.future.done():
+                    req.future.set_result(
+                        GenerationResult(
+                            token_ids=req.tokens,
+                            logprobs=req.logprobs,
+                            finish_reason=FINISH_NAMES[code],
+                            sampling_logprobs=req.sampling_logprobs if keep_sampling else None,
+                        )
+                    )

@@ -1,0 +1,187 @@
+"""The engine's two jitted programs: bucketed prefill and a multi-token decode loop.
+
+Both take the model's parameters as ONE pytree argument (``nnx.split``'s state; the graphdef is
+static), so dispatch cost does not grow with depth, and both donate the KV cache so its buffers are
+reused in place. Host-side bookkeeping (which slot holds what) lives in ``engine.py``; these
+functions only see fixed-shape arrays:
+
+- ``prefill(state, cache, tokens Int['B T'], n_valid Int['B'], lengths Int['B']) -> cache`` writes
+  ``tokens[b, :n_valid[b]]`` at ``lengths[b]...`` of every row (rows with ``n_valid == 0`` are
+  untouched). It computes no logits: the last token of a request is fed by the decode loop, which
+  samples from it, so prefill never pays for the LM head.
+- ``decode(state, cache, slots: SlotState) -> (cache, ChunkOut)`` runs up to ``chunk`` steps of a
+  ``lax.while_loop``: feed each active row's last token, sample the next, stop rows on a stop id,
+  on ``max_new`` or when the slot's context is full; exit early when no row is active. It is
+  compiled per attention *window* (a bucket of the longest active context), so short contexts in
+  a long cache do not pay for reading all of it at every step.
+
+Host-authoritative lengths: the caller passes ``lengths`` in every call (the cache's own field is
+overwritten), so resetting a slot for a new session costs nothing on device.
+Exercised through the engine: ``pytest tests/generation``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from jaxrl_agents.generation.sampling import SlotSampling, sample
+
+Array = jax.Array
+
+# Finish codes written by the decode loop (0 = still running).
+RUNNING, STOP, LENGTH, CACHE_FULL = 0, 1, 2, 3
+FINISH_NAMES = {STOP: "stop", LENGTH: "length", CACHE_FULL: "cache_full"}
+
+
+class SlotState(NamedTuple):
+    """Per-slot inputs of a decode chunk (leading axis = slots)."""
+
+    lengths: Array  # Int[B]: tokens already in the cache
+    last_token: Array  # Int[B]: next token to feed (sampled or last of a prompt; not cached yet)
+    active: Array  # Bool[B]
+    n_generated: Array  # Int[B]: tokens generated so far in this turn
+    max_new: Array  # Int[B]
+    stop_ids: Array  # Int[B NS], padded with -1
+    stop_seqs: Array  # Int[B NQ LS]: right-aligned stop sequences, -1 = wildcard (left padding)
+    recent: Array  # Int[B LS]: this turn's last generated tokens, right-aligned, -2 padded
+    sampling: SlotSampling
+
+
+class ChunkOut(NamedTuple):
+    tokens: Array  # Int[C B]
+    logprobs: Array  # Float[C B]: policy (T=1, unfiltered)
+    sampling_logprobs: Array  # Float[C B]
+    emitted: Array  # Bool[C B]: row was active at that step (a prefix per row)
+    finish: Array  # Int[B]: finish code per row (RUNNING if it may continue)
+
+
+def _ends_with_any(recent: Array, seqs: Array) -> Array:
+    """Bool[B]: ``recent`` (Int[B LS]) ends with one of the right-aligned ``seqs`` (Int[B NQ LS];
+    -1 entries are wildcards, an all -1 row is an unused entry)."""
+    hit = (seqs == -1) | (seqs == recent[:, None, :])
+    used = jnp.any(seqs != -1, axis=-1)
+    return jnp.any(jnp.all(hit, axis=-1) & used, axis=-1)
+
+
+def make_prefill(
+    graphdef: nnx.GraphDef, *, on_trace: Callable[[], None], cache_constraint: Any = None
+) -> Callable:
+    """The prefill program (not yet jitted): see the module docstring."""
+
+    def prefill(state, cache, tokens: Array, n_valid: Array, lengths: Array):
+        on_trace()
+        model = nnx.merge(graphdef, state)
+        T = tokens.shape[1]
+        t = jnp.arange(T, dtype=jnp.int32)[None, :]
+        cache = cache._replace(lengths=lengths)
+        segment_ids = (t < n_valid[:, None]).astype(jnp.int32)
+        # The final hidden states are unused: XLA drops the final norm; no LM head is traced.
+        _, cache = model.hidden_states(
+            tokens, lengths[:, None] + t, segment_ids=segment_ids, cache=cache
+        )
+        if cache_constraint is not None:
+            cache = lax.with_sharding_constraint(cache, cache_constraint)
+        return cache
+
+    return prefill
+
+
+def make_decode(
+    graphdef: nnx.GraphDef,
+    *,
+    chunk: int,
+    max_seq_len: int,
+    window: int,
+    on_trace: Callable[[], None],
+    cache_constraint: Any = None,
+) -> Callable:
+    """The decode-chunk program (not yet jitted): see the module docstring.
+
+    ``window``: the steps attend over (and write into) cache positions ``[0, window)`` only — a
+    copy taken once per chunk and written back after it — so a decode step costs O(window), not
+    O(max_seq_len). The caller picks ``window >= lengths + chunk`` for every active row.
+    """
+
+    def decode(state, full_cache, slots: SlotState):
+        on_trace()
+        model = nnx.merge(graphdef, state)
+        B = slots.lengths.shape[0]
+        windowed = window < full_cache.k.shape[2]
+        cache = full_cache
+        if windowed:
+            cache = full_cache._replace(
+                k=full_cache.k[:, :, :window], v=full_cache.v[:, :, :window]
+            )
+        out = ChunkOut(
+            tokens=jnp.zeros((chunk, B), jnp.int32),
+            logprobs=jnp.zeros((chunk, B), jnp.float32),
+            sampling_logprobs=jnp.zeros((chunk, B), jnp.float32),
+            emitted=jnp.zeros((chunk, B), bool),
+            finish=jnp.zeros((B,), jnp.int32),
+        )
+        cache = cache._replace(lengths=slots.lengths)
+
+        def cond(carry):
+            i, _, _, active, _, _, _ = carry
+            return (i < chunk) & jnp.any(active)
+
+        def body(carry):
+            i, cache, last, active, n_gen, recent, out = carry
+            logits, cache = model(
+                last[:, None],
+                cache.lengths[:, None],
+                segment_ids=active[:, None].astype(jnp.int32),
+                cache=cache,
+            )
+            # cache.lengths now counts the fed token: it is the sampled token's position.
+            s = sample(logits[:, 0], slots.sampling, cache.lengths)
+            n_gen = n_gen + active
+            recent = jnp.concatenate([recent[:, 1:], s.token[:, None]], axis=1)
+            is_stop = jnp.any(s.token[:, None] == slots.stop_ids, axis=-1) | _ends_with_any(
+                recent, slots.stop_seqs
+            )
+            reason = jnp.where(
+                is_stop,
+                STOP,
+                jnp.where(
+                    n_gen >= slots.max_new,
+                    LENGTH,
+                    jnp.where(cache.lengths + 1 >= max_seq_len, CACHE_FULL, RUNNING),
+                ),
+            )
+            out = ChunkOut(
+                tokens=out.tokens.at[i].set(s.token),
+                logprobs=out.logprobs.at[i].set(s.logprob),
+                sampling_logprobs=out.sampling_logprobs.at[i].set(s.sampling_logprob),
+                emitted=out.emitted.at[i].set(active),
+                finish=jnp.where(active, reason, out.finish),
+            )
+            last = jnp.where(active, s.token, last)
+            return i + 1, cache, last, active & (reason == RUNNING), n_gen, recent, out
+
+        carry = (
+            jnp.int32(0),
+            cache,
+            slots.last_token,
+            slots.active,
+            slots.n_generated,
+            slots.recent,
+            out,
+        )
+        _, cache, _, _, _, _, out = lax.while_loop(cond, body, carry)
+        if windowed:
+            cache = cache._replace(
+                k=lax.dynamic_update_slice_in_dim(full_cache.k, cache.k, 0, axis=2),
+                v=lax.dynamic_update_slice_in_dim(full_cache.v, cache.v, 0, axis=2),
+            )
+        if cache_constraint is not None:
+            cache = lax.with_sharding_constraint(cache, cache_constraint)
+        return cache, out
+
+    return decode

@@ -1,0 +1,171 @@
+"""Async engine: concurrency beyond the slot count, a free event loop, bounded compilation,
+stop ids, in-place weight updates."""
+
+import asyncio
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_agents.generation import Engine, EngineConfig, SamplingParams
+from jaxrl_agents.models import ModelConfig, Transformer
+
+CFG = ModelConfig(
+    model_type="llama",
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+BUCKETS = (8, 32)
+WINDOWS = (32, 64)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer(CFG, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    return Engine(
+        model,
+        EngineConfig(
+            max_slots=4,
+            max_seq_len=128,
+            prefill_buckets=BUCKETS,
+            decode_chunk=4,
+            decode_windows=WINDOWS,
+        ),
+    )
+
+
+@jax.jit
+def _forward(graphdef, state, ids):
+    return nnx.merge(graphdef, state)(ids, jnp.arange(ids.shape[1])[None])[0]
+
+
+def greedy_reference(model, prompt, n, width=32):
+    """Plain loop: a full no-cache forward (right-padded to one width: causal, so the padding
+    cannot change earlier positions), argmax, append."""
+    graphdef, state = nnx.split(model)
+    ids = list(prompt)
+    for _ in range(n):
+        logits = _forward(graphdef, state, jnp.asarray([ids + [0] * (width - len(ids))]))
+        ids.append(int(jnp.argmax(logits[0, len(ids) - 1])))
+    return ids[len(prompt) :]
+
+
+def test_many_episodes_compile_bounded_and_loop_free(engine):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 70, 50)  # up to 2 chunks of the largest bucket
+    ticks, gaps = [], []
+
+    async def ticker(stop):
+        last = time.perf_counter()
+        while not stop.is_set():
+            await asyncio.sleep(0.002)
+            now = time.perf_counter()
+            ticks.append(now)
+            gaps.append(now - last)
+            last = now
+
+    async def episode(i, n):
+        s = await engine.open_session()
+        try:
+            sp = SamplingParams(temperature=1.0, max_new_tokens=int(rng.integers(1, 12)), seed=i)
+            r1 = await s.generate(rng.integers(0, 128, n).tolist(), sp)
+            await asyncio.sleep(0.01)  # a "tool" runs while other slots decode
+            r2 = await s.generate([1, 2, 3], sp)
+            return r1, r2
+        finally:
+            await s.close()
+
+    async def main():
+        stop = asyncio.Event()
+        async with engine:
+            tick = asyncio.create_task(ticker(stop))
+            t0 = time.perf_counter()
+            out = await asyncio.gather(*(episode(i, int(n)) for i, n in enumerate(lengths)))
+            elapsed = time.perf_counter() - t0
+            stop.set()
+            await tick
+        return out, elapsed
+
+    out, elapsed = asyncio.run(main())
+    assert len(out) == 50 and all(r.finish_reason in ("stop", "length") for p in out for r in p)
+    # One prefill program per bucket + one decode program per window (and the full cache),
+    # whatever the 50 lengths were.
+    assert engine.compile_count <= len(BUCKETS) + len(WINDOWS) + 1
+    # The loop kept ticking through device work (it would freeze for whole dispatches otherwise).
+    assert len(ticks) > 20 and len(ticks) * 0.002 > 0.2 * elapsed
+    before = engine.compile_count
+    engine.generate_batch([[5] * int(n) for n in lengths[:10]], SamplingParams(max_new_tokens=3))
+    assert engine.compile_count == before
+
+
+def test_stop_ids_and_update_weights(engine, model):
+    prompt = [3, 17, 42, 9]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    ref = greedy_reference(model, prompt, 8)
+    (res,) = engine.generate_batch([prompt], greedy)
+    assert res.token_ids == ref and res.finish_reason == "length"
+    assert res.sampling_logprobs is None
+    stop = ref[2]
+    (res,) = engine.generate_batch(
+        [prompt], SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(stop, 127))
+    )
+    assert res.token_ids == ref[: ref.index(stop) + 1] and res.finish_reason == "stop"
+    # A stop sequence ends the turn at its first complete occurrence (a lone first id does not).
+    seq = tuple(ref[3:5])
+    first = next(i for i in range(1, len(ref)) if tuple(ref[i - 1 : i + 1]) == seq)
+    (res,) = engine.generate_batch(
+        [prompt], SamplingParams(temperature=0.0, max_new_tokens=8, stop_sequences=((99, 98), seq))
+    )
+    assert res.token_ids == ref[: first + 1] and res.finish_reason == "stop"
+
+    compiled = engine.compile_count
+    other = Transformer(CFG, rngs=nnx.Rngs(7))
+    engine.update_weights(other)
+    (res,) = engine.generate_batch([prompt], greedy)
+    assert res.token_ids == greedy_reference(other, prompt, 8)
+    assert engine.compile_count == compiled
+    engine.update_weights(nnx.state(model))
+    with pytest.raises(ValueError, match="leaf"):
+        engine.update_weights(nnx.state(Transformer(CFG.replace(vocab_size=64), rngs=nnx.Rngs(0))))
+
+
+def test_errors(engine):
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="prefill_buckets"):
+        EngineConfig(prefill_buckets=(0, 8))
+    with pytest.raises(RuntimeError, match="not started"):
+        asyncio.run(engine.open_session())
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.generate_batch([[1, 500]], SamplingParams())
+
+
+def test_cancelled_turn_frees_the_row(engine):
+    async def main():
+        async with engine:
+            s = await engine.open_session()
+            long = SamplingParams(temperature=0.0, max_new_tokens=100)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(s.generate([1, 2, 3], long), timeout=0.05)
+            with pytest.raises(RuntimeError, match="cancelled"):
+                await s.generate([4], long)
+            await s.close()
+            # The slot is reusable and the other sessions are unaffected.
+            fresh = await engine.open_session()
+            res = await fresh.generate([1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=4))
+            await fresh.close()
+            return res
+
+    res = asyncio.run(main())
+    assert len(res.token_ids) == 4 and res.finish_reason == "length"
