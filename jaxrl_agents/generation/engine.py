@@ -44,8 +44,8 @@ from jaxrl_agents.generation.steps import (
 )
 from jaxrl_agents.models.decoder import init_cache
 
-# Logical axes of the KV cache buffers [L B S K Dh] (mapped by jaxrl_agents.sharding).
-_CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+# Logical axes of the KV cache buffers [L B K S Dh] (mapped by jaxrl_agents.sharding).
+_CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
 
 
 class _Request:

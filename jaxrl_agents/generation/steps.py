@@ -112,11 +112,11 @@ def make_decode(
         on_trace()
         model = nnx.merge(graphdef, state)
         B = slots.lengths.shape[0]
-        windowed = window < full_cache.k.shape[2]
+        windowed = window < full_cache.k.shape[3]
         cache = full_cache
         if windowed:
             cache = full_cache._replace(
-                k=full_cache.k[:, :, :window], v=full_cache.v[:, :, :window]
+                k=full_cache.k[:, :, :, :window], v=full_cache.v[:, :, :, :window]
             )
         out = ChunkOut(
             tokens=jnp.zeros((chunk, B), jnp.int32),
@@ -177,8 +177,8 @@ def make_decode(
         _, cache, _, _, _, _, out = lax.while_loop(cond, body, carry)
         if windowed:
             cache = cache._replace(
-                k=lax.dynamic_update_slice_in_dim(full_cache.k, cache.k, 0, axis=2),
-                v=lax.dynamic_update_slice_in_dim(full_cache.v, cache.v, 0, axis=2),
+                k=lax.dynamic_update_slice_in_dim(full_cache.k, cache.k, 0, axis=3),
+                v=lax.dynamic_update_slice_in_dim(full_cache.v, cache.v, 0, axis=3),
             )
         if cache_constraint is not None:
             cache = lax.with_sharding_constraint(cache, cache_constraint)

@@ -40,7 +40,7 @@ def test_mesh_matches_single_device():
     assert tokens == ref_tokens
     np.testing.assert_allclose(np.concatenate(lps), np.concatenate(ref_lps), atol=1e-5)
     # Slots over data x fsdp (8 slots -> 2 per shard), KV heads over tensor (2 -> 1 per shard).
-    assert {s.data.shape for s in eng._cache.k.addressable_shards} == {(2, 2, 48, 1, 16)}
+    assert {s.data.shape for s in eng._cache.k.addressable_shards} == {(2, 2, 1, 48, 16)}
     # Weight updates keep the placement and the compiled programs.
     n = eng.compile_count
     eng.update_weights(Transformer(CFG, rngs=nnx.Rngs(3)))

@@ -108,7 +108,7 @@ def test_cache_path_equals_full_forward():
 def test_cache_write_leaves_other_rows_untouched():
     cfg = _tiny()
     model = Transformer(cfg, rngs=nnx.Rngs(0))
-    shape = (cfg.num_hidden_layers, 2, 8, cfg.num_key_value_heads, cfg.head_dim)
+    shape = (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, 8, cfg.head_dim)  # [L B K S Dh]
     k0 = jax.random.normal(jax.random.key(0), shape)
     v0 = jax.random.normal(jax.random.key(1), shape)
     cache = KVCache(k=k0, v=v0, lengths=jnp.array([3, 8], jnp.int32))
@@ -117,7 +117,7 @@ def test_cache_write_leaves_other_rows_untouched():
     seg = jnp.array([[1, 1], [1, 0]], jnp.int32)  # row 1 is full: its write must be dropped
     _, new = _step(model, tokens, positions, seg, cache)
     np.testing.assert_array_equal(np.asarray(new.lengths), [5, 9])
-    changed = np.any(np.asarray(new.k) != np.asarray(k0), axis=(0, 3, 4))  # [B, S]
+    changed = np.any(np.asarray(new.k) != np.asarray(k0), axis=(0, 2, 4))  # [B, S]
     expected = np.zeros((2, 8), bool)
     expected[0, 3:5] = True
     np.testing.assert_array_equal(changed, expected)
