@@ -225,7 +225,7 @@ def build_report(
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
-        _table(["setting", "value"], [(k, _e(_short(v))) for k, v in meta.items()], left=2),
+        _table(["setting", "value"], [(k, _short(v)) for k, v in meta.items()], left=2),
         "<h2>Summary</h2>",
         _summary_table(names, metrics, ks),
         _img(

@@ -233,12 +233,13 @@ def _sampler_spec(cfg: EvalConfig):
     return build(SamplerSpec, dict(cfg.sampler), "sampler")
 
 
-def _run_steps(run_dir: str | Path) -> tuple[list[int], list[int]]:
+def _run_steps(run_dir: str | Path, which: Sequence[str] = ("latest", "best")) -> tuple:
+    """Sorted kept steps of each checkpoint set in ``which`` (latest / best / sft)."""
     from jaxrl_agents.training.checkpoint import Checkpointer
 
     ckpt = Checkpointer(Path(run_dir) / "checkpoints", best_metric="heldout_success")
     try:
-        return sorted(ckpt.all_steps("latest")), sorted(ckpt.all_steps("best"))
+        return tuple(sorted(ckpt.all_steps(w)) for w in which)
     finally:
         ckpt.close()
 
@@ -251,6 +252,9 @@ def _load_run(spec: PolicySpec, step: int | None = None):
     which, want = spec.which, step if step is not None else spec.step
     if spec.which == "sft":
         want = load_run_config(spec.path).trainer.sft_steps
+        if want in _run_steps(spec.path, ("sft",))[0]:  # the trainer keeps it in sft/
+            model, tokenizer, meta = load_policy(spec.path, which="sft", step=want)
+            return model, tokenizer, meta, want
     if want is not None:
         if want in latest:
             which = "latest"

@@ -26,14 +26,14 @@ def load_policy(
     run_dir: str | Path, *, which: str = "latest", step: int | None = None, mesh=None
 ) -> tuple[Any, Any, dict[str, Any]]:
     """``(model, tokenizer, meta)`` for checkpoint ``step`` (default: newest) of ``which``
-    ('latest' or 'best')."""
+    ('latest', 'best' or 'sft')."""
     from flax import nnx
 
     from jaxrl_agents.training.run import _abstract
     from jaxrl_agents.training.step import init_train_state
 
-    if which not in ("latest", "best"):
-        raise ValueError(f"which={which!r}: expected 'latest' or 'best'")
+    if which not in ("latest", "best", "sft"):
+        raise ValueError(f"which={which!r}: expected 'latest', 'best' or 'sft'")
     cfg = load_run_config(run_dir)
     tokenizer = B.build_tokenizer(cfg.model)
     model = B.build_model(cfg.model, vocab_size=len(tokenizer), mesh=mesh, seed=cfg.seed)

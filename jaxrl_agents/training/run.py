@@ -240,6 +240,7 @@ async def _run(cfg: RunConfig) -> dict[str, Any]:
             state = init_train_state(state.params, rl_tx, seed=cfg.seed + 1)
             stage, step = "rl", 0
             ckpt.save(tr.sft_steps, state, {"stage": "rl", "stage_step": 0}, force=True)
+            ckpt.save_sft(tr.sft_steps, state, {"stage": "rl", "stage_step": 0})
             ckpt.save_best(
                 tr.sft_steps,
                 state,

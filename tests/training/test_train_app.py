@@ -75,6 +75,8 @@ def test_artefacts(smoke_run):
         == 4 + 2
     )  # sft_steps + rl_steps
     assert list((run_dir / "trajectories").glob("*.jsonl"))
+    # the SFT result is kept for base-vs-trained comparisons (jaxrl-eval run@sft)
+    assert (run_dir / "checkpoints" / "sft" / "4").is_dir()
 
 
 def test_export_loads_in_transformers_and_generates(smoke_run):
