@@ -14,7 +14,12 @@ from jaxrl_agents.cli.train import CONFIG_DIR
 
 
 def _main(cfg) -> None:
+    import logging
+
     from jaxrl_agents.models import export_pretrained
+
+    for name in ("absl", "jax", "orbax"):  # library INFO chatter, not the user's business
+        logging.getLogger(name).setLevel(logging.WARNING)
     from jaxrl_agents.training.restore import load_policy
 
     if cfg.run_dir is None:
