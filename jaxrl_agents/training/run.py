@@ -325,21 +325,24 @@ async def _rl(c, engine, state, start, tx, ckpt, logger, heldout, train_tasks, s
     group = r.group_size
     batch_rows = tr.tasks_per_step * group
 
-    async def collect(s: int):
+    async def collect(s: int, updates_done: int):
+        """Rollouts for step ``s`` with the weights after ``updates_done`` RL updates."""
         k = (s * tr.tasks_per_step) % len(train_tasks)
         tasks = [train_tasks[(k + j) % len(train_tasks)] for j in range(tr.tasks_per_step)]
-        orch = _orchestrator(c, engine, greedy=False, version=tr.sft_steps + s)
+        orch = _orchestrator(c, engine, greedy=False, version=tr.sft_steps + updates_done)
         t = time.perf_counter()
         trajs = await orch.run(tasks, group_size=group, seed=cfg.seed * 100003 + s)
         return trajs, time.perf_counter() - t
 
     bar = _bar(range(start, tr.rl_steps), "RL", tr.progress, initial=start, total=tr.rl_steps)
-    pending = asyncio.ensure_future(collect(start)) if start < tr.rl_steps else None
+    pending = asyncio.ensure_future(collect(start, start)) if start < tr.rl_steps else None
     for s in bar:
         # COLLECT
         trajs, rollout_s = await pending
         if tr.off_policy_overlap and s + 1 < tr.rl_steps:
-            pending = asyncio.ensure_future(collect(s + 1))  # runs while this step trains
+            # Runs while this step trains: sampled with the weights before this step's update
+            # (staleness 1; the importance ratio uses the rollout logprobs).
+            pending = asyncio.ensure_future(collect(s + 1, s))
         t_train = time.perf_counter()
         # ADVANTAGES
         packed = pack(
@@ -398,7 +401,7 @@ async def _rl(c, engine, state, start, tx, ckpt, logger, heldout, train_tasks, s
         # PUSH
         engine.update_weights(c.merged(state.params))
         if not tr.off_policy_overlap and s + 1 < tr.rl_steps:
-            pending = asyncio.ensure_future(collect(s + 1))
+            pending = asyncio.ensure_future(collect(s + 1, s + 1))
         train_s = time.perf_counter() - t_train
         # LOG / EVAL / CHECKPOINT
         roll = summarize(trajs)

@@ -150,3 +150,21 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_overlap_and_kl_reference(tmp_path):
+    """One-step-off-policy overlap records staleness 1 after the first step; a KL coefficient
+    brings in the frozen reference and logs the KL."""
+    run = tmp_path / "overlap"
+    _train(
+        run,
+        "trainer.off_policy_overlap=true",
+        "trainer.rl_steps=3",
+        "trainer.eval_every=0",
+        "trainer.export=false",
+        "loss.kl_coef=0.05",
+    )
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if r["stage"] == "rl"]
+    assert [r["staleness"] for r in rl] == [0.0, 1.0, 1.0]
+    assert all("kl" in r for r in rl)
