@@ -104,18 +104,13 @@ def sampler_rows(quick: bool) -> list[dict]:
             repeats=repeats,
             chunk=32,
         )
-        last = 4 if quick else 8
-        rows.append(_row("multi-turn: time per turn", f"{name} turn 1", m["turn1_s"], None, "s"))
-        rows.append(
-            _row(
-                "multi-turn: time per turn",
-                f"{name} turn {last} incremental",
-                m["turn8_s"],
-                m["reprefill_turn8_s"],
-                "s",
-                note="baseline: re-prefill the whole context",
-            )
-        )
+        # Every turn: flat with incremental prefill, growing with re-prefill.
+        turns = zip(m["per_turn_s"], m["reprefill_per_turn_s"], strict=True)
+        for i, (inc, full) in enumerate(turns, start=1):
+            rows.append(
+                _row("multi-turn: time per turn vs turn index", f"{name} turn {i}", inc, full,
+                     "s", note="baseline: re-prefill the whole context")
+            )  # fmt: skip
     return rows
 
 
