@@ -51,12 +51,39 @@ def _main(dict_cfg) -> None:
     except user_errors() as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
-    sft, rl = summary.get("sft_heldout_success"), summary.get("rl_heldout_success")
-    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
-    print(f"held-out success: SFT {fmt(sft)} -> RL {fmt(rl)} on {summary['heldout_tasks']} tasks")
+    print(format_summary(summary))
+    if summary.get("learning_curve"):
+        print(f"learning curve: {summary['learning_curve']}")
     if summary.get("export_dir"):
         print(f"Hugging Face export: {summary['export_dir']}")
     print(f"run folder: {Path(cfg.run_dir).resolve()}")
+
+
+def format_summary(summary: dict) -> str:
+    """The end-of-run table: SFT vs final RL policy on the held-out tasks."""
+    sft, rl = summary.get("sft") or {}, summary.get("rl") or {}
+
+    def success(d: dict) -> str:
+        if "success" not in d:
+            return "n/a"
+        lo, hi = d["success_ci95"]
+        return f"{d['success']:.3f} ({lo:.3f}-{hi:.3f})"
+
+    def effort(d: dict) -> str:
+        return f"{d.get('mean_turns', 0):.2f} / {d.get('mean_tool_calls', 0):.2f}"
+
+    def mode(d: dict, name: str) -> str:
+        return str(d.get("failure_modes", {}).get(name, "n/a"))
+
+    rows = [
+        (f"held-out, greedy, {summary.get('heldout_tasks', 0)} tasks", "SFT", "RL (final)"),
+        ("success (95% CI)", success(sft), success(rl)),
+        ("mean turns / tool calls", effort(sft), effort(rl)),
+        ("premature answers", mode(sft, "premature"), mode(rl, "premature")),
+        ("tool-call loops", mode(sft, "loop"), mode(rl, "loop")),
+        ("invalid tool calls", mode(sft, "invalid_call"), mode(rl, "invalid_call")),
+    ]
+    return "\n".join(f"{a:<34}{b:<24}{c}" for a, b, c in rows)
 
 
 def main() -> None:
