@@ -248,11 +248,11 @@ def _load_run(spec: PolicySpec, step: int | None = None):
     """``(model, tokenizer, meta, global step)`` of a run checkpoint selected by ``spec``."""
     from jaxrl_agents.training.restore import load_policy, load_run_config
 
-    latest, best = _run_steps(spec.path)
+    latest, best, sft = _run_steps(spec.path, ("latest", "best", "sft"))
     which, want = spec.which, step if step is not None else spec.step
     if spec.which == "sft":
         want = load_run_config(spec.path).trainer.sft_steps
-        if want in _run_steps(spec.path, ("sft",))[0]:  # the trainer keeps it in sft/
+        if want in sft:  # the trainer keeps the SFT result in sft/
             model, tokenizer, meta = load_policy(spec.path, which="sft", step=want)
             return model, tokenizer, meta, want
     if want is not None:
