@@ -66,7 +66,17 @@ def n_params(m: dict) -> int:
     return L * (attn + 3 * d * f) + V * d
 
 
-def bench(name: str, *, steps: int, batch: int, buckets: list[int], dtype: str, seed: int = 0):
+def bench(
+    name: str,
+    *,
+    steps: int,
+    batch: int,
+    buckets: list[int],
+    dtype: str,
+    seed: int = 0,
+    chunk: int | None = None,
+    remat: bool = False,
+):
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -84,12 +94,14 @@ def bench(name: str, *, steps: int, batch: int, buckets: list[int], dtype: str, 
     )
     if dtype != "float32":
         cfg = cfg.replace(dtype=dtype)
+    if remat:
+        cfg = cfg.replace(remat=True)
     model = Transformer(cfg, rngs=nnx.Rngs(seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = OptimizerConfig(lr=1e-5, warmup_steps=1).build()
     state = init_train_state(params, tx, seed=seed)
     loss_cfg = LossConfig(name="ppo_clip")
-    step = make_train_step(graphdef, tx, rl_loss(loss_cfg, chunk=min(buckets)), rest=rest)
+    step = make_train_step(graphdef, tx, rl_loss(loss_cfg, chunk=chunk or min(buckets)), rest=rest)
     compiled = step._cache_size  # programs in the jit cache (one per distinct batch shape)
     rng = np.random.default_rng(seed)
 
@@ -145,6 +157,8 @@ def bench(name: str, *, steps: int, batch: int, buckets: list[int], dtype: str, 
         "buckets": buckets,
         "steps": steps,
         "dtype": dtype,
+        "logprob_chunk": chunk or min(buckets),
+        "remat": remat,
         "tok_s": statistics.median(tok_s),
         "tok_s_p10": float(np.percentile(tok_s, 10)),
         "tok_s_p90": float(np.percentile(tok_s, 90)),

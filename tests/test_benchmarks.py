@@ -67,3 +67,41 @@ def test_scripts_have_help():
             [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120
         )
         assert p.returncode == 0 and "usage" in p.stdout.lower(), (script.name, p.stderr[-500:])
+
+
+def test_bench_gpu_smoke_and_render(tmp_path):
+    """The GPU script's smoke section runs on CPU, writes the fields its tables need, and
+    ``--render`` turns a result file into BENCHMARKS.md's GPU block."""
+    out = tmp_path / "gpu.json"
+    p = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_gpu.py"), "--out", str(out), "--only", "smoke"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"},
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["errors"] == [] and {"jax", "flax", "torch"} <= set(data["versions"])
+    dec, train = data["smoke"]
+    for key in ("ours_tok_s", "hf_tok_s", "roofline_tok_s", "ratio_vs_hf", "compiles"):
+        assert dec[key] > 0, key
+    # same weights, greedy: bf16 logprobs agree with transformers' teacher-forced forward
+    assert dec["logprob_abs_diff_vs_hf_max"] < 0.1
+    assert train["tok_s"] > 0 and train["compiles_after_warmup"] == 0
+    # render: the smoke rows as the decode/train rows of a result file
+    data["decode"], data["train"] = [dec], [train]
+    out.write_text(json.dumps(data))
+    md = tmp_path / "B.md"
+    md.write_text("# B\n<!-- gpu:start -->\nold\n<!-- gpu:end -->\ntail\n")
+    p = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_gpu.py"), "--render", str(out)]
+        + ["--benchmarks-md", str(md)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    text = md.read_text()
+    assert "old" not in text and text.endswith("tail\n")
+    assert "| tiny (0.00B) | 4 |" in text and "| tiny | 4 x 128 | False |" in text
