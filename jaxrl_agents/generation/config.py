@@ -96,7 +96,7 @@ class EngineConfig:
     decode_windows: tuple[int, ...] | None = None
     """Attention-window buckets of the decode program (one program each, plus the full cache):
     a chunk attends over the smallest window holding every active row's context + the chunk.
-    None: powers of two from 128 below max_seq_len; (): always the full cache."""
+    None: 128, 192, 256, 384, 512, 768, ... below max_seq_len; (): always the full cache."""
     max_stop_ids: int = 8
     """Capacity of the per-slot stop-id table (a compiled shape)."""
     max_stop_sequences: int = 4
@@ -105,6 +105,11 @@ class EngineConfig:
     """Longest stop sequence (a compiled shape)."""
     cache_dtype: str | None = None
     """KV cache dtype; None uses the model's compute dtype."""
+    unroll_layers: bool | None = None
+    """Run the layers unrolled over a per-layer copy of the weights (in the compute dtype) and
+    per-layer KV buffers, instead of the model's layer scan over stacked arrays. Faster decode on
+    XLA:CPU (no per-step copies out of the stacked arrays) at the price of that weight copy and a
+    longer compile. None: on when the default backend is the CPU."""
 
     def __post_init__(self) -> None:
         if self.max_slots < 1:
@@ -116,10 +121,11 @@ class EngineConfig:
             raise ValueError(f"prefill_buckets={self.prefill_buckets} must be positive lengths")
         object.__setattr__(self, "prefill_buckets", buckets)
         if self.decode_windows is None:
+            # 128, 192, 256, 384, 512, 768, ...: a step reads at most 1.5x the cache it needs.
             wins, w = [], 128
             while w < self.max_seq_len:
                 wins.append(w)
-                w *= 2
+                w = w * 3 // 2 if w & (w - 1) == 0 else w * 4 // 3
         else:
             wins = sorted({int(w) for w in self.decode_windows})
             if wins and (wins[0] < 1 or wins[-1] > self.max_seq_len):

@@ -25,6 +25,7 @@ Usage: see ``tests/generation/test_engine_async.py``; benchmark: ``scripts/bench
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from typing import Any
 
@@ -41,10 +42,12 @@ from jaxrl_agents.generation.steps import (
     SlotState,
     make_decode,
     make_prefill,
+    stacked_forward,
 )
-from jaxrl_agents.models.decoder import init_cache
+from jaxrl_agents.models import decoder
 
-# Logical axes of the KV cache buffers [L B K S Dh] (mapped by jaxrl_agents.sharding).
+# Logical axes of the KV cache buffers (mapped by jaxrl_agents.sharding): stacked [L B K S Dh],
+# or one [B K S Dh] buffer per layer when the layers are unrolled.
 _CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
 
 
@@ -129,7 +132,10 @@ class Engine:
         B = cfg.max_slots
         graphdef, state = nnx.split(model)
         self._graphdef = graphdef
-        cache = init_cache(mcfg, batch=B, max_len=cfg.max_seq_len, dtype=cfg.cache_dtype)
+        unroll = cfg.unroll_layers
+        self.unrolled = jax.default_backend() == "cpu" if unroll is None else bool(unroll)
+        init = decoder.init_layer_cache if self.unrolled else decoder.init_cache
+        cache = init(mcfg, batch=B, max_len=cfg.max_seq_len, dtype=cfg.cache_dtype)
         cache_sharding = None
         if mesh is not None:
             from jaxrl_agents import sharding as shd
@@ -142,25 +148,39 @@ class Engine:
                     f"max_slots={B} must be a multiple of {'*'.join(slot_axes)}={n_slot_shards} "
                     f"of mesh {dict(mesh.shape)}"
                 )
-            kv = shd.logical_sharding(_CACHE_AXES, mesh, shape=cache.k.shape)
+            if self.unrolled:
+                layer_kv = shd.logical_sharding(_CACHE_AXES[1:], mesh, shape=cache.k[0].shape)
+                kv = (layer_kv,) * mcfg.num_hidden_layers
+            else:
+                kv = shd.logical_sharding(_CACHE_AXES, mesh, shape=cache.k.shape)
             lengths = shd.logical_sharding(("batch",), mesh, shape=(B,))
             cache_sharding = type(cache)(k=kv, v=kv, lengths=lengths)
             cache = jax.device_put(cache, cache_sharding)
             # Parameters already placed (load_pretrained(mesh=...)) are not moved.
             state = jax.device_put(state, shd.param_shardings(state, mesh))
+        self._model_state = state  # the structure update_weights validates against
+        if self.unrolled:
+            # One program re-lays the weights out (per-layer, compute dtype) on every update.
+            self._relayout = jax.jit(lambda st: decoder.decode_weights(nnx.merge(graphdef, st)))
+            hidden = functools.partial(decoder.forward_unrolled, mcfg)
+            logits = decoder.logits_unrolled
+            state = self._relayout(state)
+        else:
+            hidden, logits = stacked_forward(graphdef)
         self._state = state
         self._cache = cache
         self._traces = 0
         self._trace_lock = threading.Lock()
         self._prefill = jax.jit(
-            make_prefill(graphdef, on_trace=self._count, cache_constraint=cache_sharding),
+            make_prefill(hidden, on_trace=self._count, cache_constraint=cache_sharding),
             donate_argnums=1,
         )
         # One decode program per attention window, jitted lazily (compiled on first use).
         self._decoders = {
             w: jax.jit(
                 make_decode(
-                    graphdef,
+                    hidden,
+                    logits,
                     chunk=cfg.decode_chunk,
                     max_seq_len=cfg.max_seq_len,
                     window=w,
@@ -210,7 +230,7 @@ class Engine:
         state = (
             nnx.state(model_or_state) if isinstance(model_or_state, nnx.Module) else model_or_state
         )
-        old_leaves, old_tree = jax.tree.flatten(self._state)
+        old_leaves, old_tree = jax.tree.flatten(self._model_state)
         new_leaves, new_tree = jax.tree.flatten(state)
         if old_tree != new_tree:
             raise ValueError("update_weights: state structure differs from the engine's model")
@@ -223,7 +243,9 @@ class Engine:
             jax.device_put(b, a.sharding) if isinstance(a, jax.Array) else b
             for a, b in zip(old_leaves, new_leaves, strict=True)
         ]
-        self._state = jax.tree.unflatten(old_tree, new_leaves)
+        state = jax.tree.unflatten(old_tree, new_leaves)
+        self._model_state = state
+        self._state = self._relayout(state) if self.unrolled else state
 
     async def __aenter__(self) -> Engine:
         if self._task is not None:

@@ -1,9 +1,11 @@
 """The engine's two jitted programs: bucketed prefill and a multi-token decode loop.
 
-Both take the model's parameters as ONE pytree argument (``nnx.split``'s state; the graphdef is
-static), so dispatch cost does not grow with depth, and both donate the KV cache so its buffers are
-reused in place. Host-side bookkeeping (which slot holds what) lives in ``engine.py``; these
-functions only see fixed-shape arrays:
+Both take the model's parameters as ONE pytree argument, so dispatch cost does not grow with depth,
+and both donate the KV cache so its buffers are reused in place. The forward itself is passed in:
+``Transformer.hidden_states`` over ``nnx.split``'s state (stacked layers under a scan, the cache
+``[L B K S Dh]``), or ``models.decoder.forward_unrolled`` over ``decode_weights`` (layers unrolled,
+one ``[B K S Dh]`` buffer per layer; see ``EngineConfig.unroll_layers``). Host-side bookkeeping
+(which slot holds what) lives in ``engine.py``; these functions only see fixed-shape arrays:
 
 - ``prefill(state, cache, tokens Int['B T'], n_valid Int['B'], lengths Int['B']) -> cache`` writes
   ``tokens[b, :n_valid[b]]`` at ``lengths[b]...`` of every row (rows with ``n_valid == 0`` are
@@ -22,6 +24,7 @@ Exercised through the engine: ``pytest tests/generation``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -69,22 +72,36 @@ def _ends_with_any(recent: Array, seqs: Array) -> Array:
     return jnp.any(jnp.all(hit, axis=-1) & used, axis=-1)
 
 
+Hidden = Callable[..., tuple[Array, Any]]  # (state, tokens, positions, *, segment_ids, cache)
+Logits = Callable[[Any, Array], Array]  # (state, Float['B T D']) -> Float32['B T V']
+
+
+def stacked_forward(graphdef: nnx.GraphDef) -> tuple[Hidden, Logits]:
+    """The model's own forward over ``nnx.split`` state (layers under ``lax.scan``)."""
+
+    def hidden(state, tokens, positions, *, segment_ids, cache):
+        model = nnx.merge(graphdef, state)
+        return model.hidden_states(tokens, positions, segment_ids=segment_ids, cache=cache)
+
+    def logits(state, h):
+        return nnx.merge(graphdef, state).logits_from_hidden(h)
+
+    return hidden, logits
+
+
 def make_prefill(
-    graphdef: nnx.GraphDef, *, on_trace: Callable[[], None], cache_constraint: Any = None
+    hidden: Hidden, *, on_trace: Callable[[], None], cache_constraint: Any = None
 ) -> Callable:
     """The prefill program (not yet jitted): see the module docstring."""
 
     def prefill(state, cache, tokens: Array, n_valid: Array, lengths: Array):
         on_trace()
-        model = nnx.merge(graphdef, state)
         T = tokens.shape[1]
         t = jnp.arange(T, dtype=jnp.int32)[None, :]
         cache = cache._replace(lengths=lengths)
         segment_ids = (t < n_valid[:, None]).astype(jnp.int32)
         # The final hidden states are unused: XLA drops the final norm; no LM head is traced.
-        _, cache = model.hidden_states(
-            tokens, lengths[:, None] + t, segment_ids=segment_ids, cache=cache
-        )
+        _, cache = hidden(state, tokens, lengths[:, None] + t, segment_ids=segment_ids, cache=cache)
         if cache_constraint is not None:
             cache = lax.with_sharding_constraint(cache, cache_constraint)
         return cache
@@ -92,8 +109,14 @@ def make_prefill(
     return prefill
 
 
+def _seq_len(kv) -> int:
+    """Cache positions S of a stacked ``[L B K S Dh]`` buffer or a tuple of ``[B K S Dh]``."""
+    return jax.tree.leaves(kv)[0].shape[-2]
+
+
 def make_decode(
-    graphdef: nnx.GraphDef,
+    hidden: Hidden,
+    logits_fn: Logits,
     *,
     chunk: int,
     max_seq_len: int,
@@ -110,14 +133,12 @@ def make_decode(
 
     def decode(state, full_cache, slots: SlotState):
         on_trace()
-        model = nnx.merge(graphdef, state)
         B = slots.lengths.shape[0]
-        windowed = window < full_cache.k.shape[3]
+        windowed = window < _seq_len(full_cache.k)
         cache = full_cache
         if windowed:
-            cache = full_cache._replace(
-                k=full_cache.k[:, :, :, :window], v=full_cache.v[:, :, :, :window]
-            )
+            cut = functools.partial(jax.tree.map, lambda a: a[..., :window, :])
+            cache = full_cache._replace(k=cut(full_cache.k), v=cut(full_cache.v))
         out = ChunkOut(
             tokens=jnp.zeros((chunk, B), jnp.int32),
             logprobs=jnp.zeros((chunk, B), jnp.float32),
@@ -133,12 +154,14 @@ def make_decode(
 
         def body(carry):
             i, cache, last, active, n_gen, recent, out = carry
-            logits, cache = model(
+            h, cache = hidden(
+                state,
                 last[:, None],
                 cache.lengths[:, None],
                 segment_ids=active[:, None].astype(jnp.int32),
                 cache=cache,
             )
+            logits = logits_fn(state, h)
             # cache.lengths now counts the fed token: it is the sampled token's position.
             s = sample(logits[:, 0], slots.sampling, cache.lengths)
             n_gen = n_gen + active
@@ -176,10 +199,11 @@ def make_decode(
         )
         _, cache, _, _, _, _, out = lax.while_loop(cond, body, carry)
         if windowed:
-            cache = cache._replace(
-                k=lax.dynamic_update_slice_in_dim(full_cache.k, cache.k, 0, axis=3),
-                v=lax.dynamic_update_slice_in_dim(full_cache.v, cache.v, 0, axis=3),
+            put = functools.partial(
+                jax.tree.map,
+                lambda full, part: lax.dynamic_update_slice_in_dim(full, part, 0, axis=-2),
             )
+            cache = cache._replace(k=put(full_cache.k, cache.k), v=put(full_cache.v, cache.v))
         if cache_constraint is not None:
             cache = lax.with_sharding_constraint(cache, cache_constraint)
         return cache, out

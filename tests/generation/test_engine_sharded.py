@@ -1,5 +1,7 @@
 """Under a mesh of 8 simulated CPU devices the engine gives the 1-device greedy tokens."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -24,23 +26,27 @@ ENGINE = EngineConfig(
 )
 
 
-def run(mesh):
+def run(mesh, unroll=None):
     model = Transformer(CFG, rngs=nnx.Rngs(3))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 128, n).tolist() for n in (2, 9, 15, 4, 11, 7, 1, 13, 6, 3)]
-    eng = Engine(model, ENGINE, mesh=mesh)
+    eng = Engine(model, dataclasses.replace(ENGINE, unroll_layers=unroll), mesh=mesh)
     res = eng.generate_batch(prompts, SamplingParams(temperature=0.0, max_new_tokens=10))
     return eng, [r.token_ids for r in res], [r.logprobs for r in res]
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
-def test_mesh_matches_single_device():
-    _, ref_tokens, ref_lps = run(None)
-    eng, tokens, lps = run(make_mesh((2, 2, 2)))  # every axis in use
+@pytest.mark.parametrize("unroll", [True, False], ids=["unrolled", "stacked"])
+def test_mesh_matches_single_device(unroll):
+    _, ref_tokens, ref_lps = run(None, unroll)
+    eng, tokens, lps = run(make_mesh((2, 2, 2)), unroll)  # every axis in use
+    assert eng.unrolled is unroll
     assert tokens == ref_tokens
     np.testing.assert_allclose(np.concatenate(lps), np.concatenate(ref_lps), atol=1e-5)
     # Slots over data x fsdp (8 slots -> 2 per shard), KV heads over tensor (2 -> 1 per shard).
-    assert {s.data.shape for s in eng._cache.k.addressable_shards} == {(2, 2, 1, 48, 16)}
+    kv = eng._cache.k
+    shards = {s.data.shape for a in (kv if unroll else [kv]) for s in a.addressable_shards}
+    assert shards == ({(2, 1, 48, 16)} if unroll else {(2, 2, 1, 48, 16)})
     # Weight updates keep the placement and the compiled programs.
     n = eng.compile_count
     eng.update_weights(Transformer(CFG, rngs=nnx.Rngs(3)))
