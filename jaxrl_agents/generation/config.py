@@ -105,6 +105,11 @@ class EngineConfig:
     """Longest stop sequence (a compiled shape)."""
     cache_dtype: str | None = None
     """KV cache dtype; None uses the model's compute dtype."""
+    prefill_rows: tuple[int, ...] | None = None
+    """Row buckets of prefill dispatches (unrolled layers, no mesh): a prefill computes over the
+    smallest bucket of rows holding every slot with new tokens, not over all ``max_slots``. One
+    prefill program per (length bucket, row bucket) used. None: max_slots // 16, // 4 and all
+    of them; (): always all rows."""
     unroll_layers: bool | None = None
     """Run the layers unrolled over a per-layer copy of the weights (in the compute dtype) and
     per-layer KV buffers, instead of the model's layer scan over stacked arrays. Faster decode on
@@ -134,6 +139,15 @@ class EngineConfig:
                     f"{self.max_seq_len}]"
                 )
         object.__setattr__(self, "decode_windows", tuple(w for w in wins if w < self.max_seq_len))
+        if self.prefill_rows is None:
+            rows = {max(1, self.max_slots // 16), max(1, self.max_slots // 4), self.max_slots}
+        else:
+            rows = {int(r) for r in self.prefill_rows} | {self.max_slots}
+            if min(rows) < 1 or max(rows) > self.max_slots:
+                raise ValueError(
+                    f"prefill_rows={self.prefill_rows} must lie in [1, max_slots={self.max_slots}]"
+                )
+        object.__setattr__(self, "prefill_rows", tuple(sorted(rows)))
         if self.decode_chunk < 1:
             raise ValueError(f"decode_chunk={self.decode_chunk} must be >= 1")
         if self.max_stop_sequences < 1 or self.max_stop_sequence_len < 1:

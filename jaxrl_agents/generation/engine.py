@@ -11,14 +11,16 @@ and resolves each request's future when its row stops. Device work runs in a wor
 (``asyncio.to_thread``), so the event loop — and the tools of other episodes — keep running.
 Requests arriving during a chunk join at the next chunk boundary.
 
-Compiled programs: one prefill program per bucket and one decode program per attention window
-(``EngineConfig.decode_windows`` + the full cache) that gets used; ``compile_count`` counts traces
-of both (each trace is one XLA compilation). Under a mesh the slots are sharded over
+Compiled programs: one prefill program per (length bucket, row bucket) and one decode program per
+attention window (``EngineConfig.decode_windows`` + the full cache) that gets used;
+``compile_count`` counts traces of both (each trace is one XLA compilation); the program that lays
+the weights out for unrolled layers is not counted. Under a mesh the slots are sharded over
 (``data``, ``fsdp``), KV heads over ``tensor`` when they divide, and the weights as
 ``jaxrl_agents.sharding`` says.
 
-Deviations: prefill always runs all slots' rows (idle rows write nothing), which is cheapest when
-admissions are batched; stop *sequences* are not supported, only stop ids.
+Prefill runs over the smallest row bucket (``EngineConfig.prefill_rows``) that holds the slots with
+new tokens when the layers are unrolled and there is no mesh; otherwise over all slots' rows (idle
+rows write nothing). Stop sequences are matched within the current turn's generated tokens.
 Usage: see ``tests/generation/test_engine_async.py``; benchmark: ``scripts/bench_sampler.py``.
 """
 
@@ -167,6 +169,9 @@ class Engine:
             state = self._relayout(state)
         else:
             hidden, logits = stacked_forward(graphdef)
+        # Row-compacted prefill: unrolled layers without a mesh (under a mesh the slots are
+        # sharded and a prefill keeps every shard busy with its own rows).
+        self._row_buckets = cfg.prefill_rows if self.unrolled and mesh is None else (B,)
         self._state = state
         self._cache = cache
         self._traces = 0
@@ -376,22 +381,30 @@ class Engine:
             longest = max(len(t) for t in todo.values())
             T = next((b for b in self.cfg.prefill_buckets if b >= longest), None)
             T = T or self.cfg.prefill_buckets[-1]  # longer: several chunks of the largest bucket
-            tokens = np.zeros((B, T), np.int32)
-            n_valid = np.zeros(B, np.int32)
-            for s, toks in todo.items():
-                take, todo[s] = toks[:T], toks[T:]
-                tokens[s, : len(take)] = take
-                n_valid[s] = len(take)
-            dispatches.append((tokens, n_valid, self._lengths.copy()))
-            self._lengths += n_valid
+            live = [s for s, toks in todo.items() if toks]
+            R = next(r for r in self._row_buckets if r >= len(live))
+            # R == B: slot s at row s. Else the live slots first, then padding rows that repeat
+            # live[0] with no tokens (their writes are dropped).
+            slot_rows = list(range(B)) if R == B else live + [live[0]] * (R - len(live))
+            rows = None if R == B else np.asarray(slot_rows, np.int32)
+            tokens = np.zeros((R, T), np.int32)
+            n_valid = np.zeros(R, np.int32)
+            for r, s in enumerate(slot_rows[: B if rows is None else len(live)]):
+                toks = todo.get(s)
+                if toks:
+                    take, todo[s] = toks[:T], toks[T:]
+                    tokens[r, : len(take)] = take
+                    n_valid[r] = len(take)
+            dispatches.append((tokens, n_valid, self._lengths[slot_rows].copy(), rows))
+            np.add.at(self._lengths, slot_rows, n_valid)
         for req in batch:
             req.session.cached = int(self._lengths[req.session.slot])
             req.session.pending = None
         return dispatches
 
     def _run_prefills(self, dispatches: list[tuple[np.ndarray, ...]]) -> None:
-        for tokens, n_valid, lengths in dispatches:
-            self._cache = self._prefill(self._state, self._cache, tokens, n_valid, lengths)
+        for tokens, n_valid, lengths, rows in dispatches:
+            self._cache = self._prefill(self._state, self._cache, tokens, n_valid, lengths, rows)
 
     def _plan_decode(self) -> tuple[SlotState, int]:
         active = np.zeros(self.cfg.max_slots, bool)

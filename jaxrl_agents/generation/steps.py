@@ -7,10 +7,12 @@ and both donate the KV cache so its buffers are reused in place. The forward its
 one ``[B K S Dh]`` buffer per layer; see ``EngineConfig.unroll_layers``). Host-side bookkeeping
 (which slot holds what) lives in ``engine.py``; these functions only see fixed-shape arrays:
 
-- ``prefill(state, cache, tokens Int['B T'], n_valid Int['B'], lengths Int['B']) -> cache`` writes
-  ``tokens[b, :n_valid[b]]`` at ``lengths[b]...`` of every row (rows with ``n_valid == 0`` are
-  untouched). It computes no logits: the last token of a request is fed by the decode loop, which
-  samples from it, so prefill never pays for the LM head.
+- ``prefill(state, cache, tokens Int['R T'], n_valid Int['R'], lengths Int['R'], rows) -> cache``
+  writes ``tokens[r, :n_valid[r]]`` at ``lengths[r]...`` of cache row ``rows[r]`` (``rows`` None:
+  R = B and row r is slot r; rows with ``n_valid == 0`` are untouched). Only the unrolled forward
+  takes ``rows``: a prefill then computes over the slots that have new tokens, not all of them.
+  It computes no logits: the last token of a request is fed by the decode loop, which samples
+  from it, so prefill never pays for the LM head.
 - ``decode(state, cache, slots: SlotState) -> (cache, ChunkOut)`` runs up to ``chunk`` steps of a
   ``lax.while_loop``: feed each active row's last token, sample the next, stop rows on a stop id,
   on ``max_new`` or when the slot's context is full; exit early when no row is active. It is
@@ -79,7 +81,9 @@ Logits = Callable[[Any, Array], Array]  # (state, Float['B T D']) -> Float32['B 
 def stacked_forward(graphdef: nnx.GraphDef) -> tuple[Hidden, Logits]:
     """The model's own forward over ``nnx.split`` state (layers under ``lax.scan``)."""
 
-    def hidden(state, tokens, positions, *, segment_ids, cache):
+    def hidden(state, tokens, positions, *, segment_ids, cache, rows=None):
+        if rows is not None:
+            raise ValueError("the stacked forward prefills all rows (rows=None)")
         model = nnx.merge(graphdef, state)
         return model.hidden_states(tokens, positions, segment_ids=segment_ids, cache=cache)
 
@@ -94,14 +98,19 @@ def make_prefill(
 ) -> Callable:
     """The prefill program (not yet jitted): see the module docstring."""
 
-    def prefill(state, cache, tokens: Array, n_valid: Array, lengths: Array):
+    def prefill(state, cache, tokens: Array, n_valid: Array, lengths: Array, rows=None):
         on_trace()
         T = tokens.shape[1]
         t = jnp.arange(T, dtype=jnp.int32)[None, :]
+        full_lengths = cache.lengths  # [B]; host-authoritative, so any value will do
         cache = cache._replace(lengths=lengths)
         segment_ids = (t < n_valid[:, None]).astype(jnp.int32)
+        kw = {} if rows is None else {"rows": rows}
         # The final hidden states are unused: XLA drops the final norm; no LM head is traced.
-        _, cache = hidden(state, tokens, lengths[:, None] + t, segment_ids=segment_ids, cache=cache)
+        _, cache = hidden(
+            state, tokens, lengths[:, None] + t, segment_ids=segment_ids, cache=cache, **kw
+        )
+        cache = cache._replace(lengths=full_lengths)
         if cache_constraint is not None:
             cache = lax.with_sharding_constraint(cache, cache_constraint)
         return cache

@@ -370,24 +370,32 @@ def forward_unrolled(
     *,
     segment_ids: Array | None = None,
     cache: KVCache | None = None,
+    rows: Array | None = None,
 ) -> tuple[Array, KVCache | None]:
-    """``Transformer.hidden_states`` over ``decode_weights`` and an ``init_layer_cache`` cache."""
+    """``Transformer.hidden_states`` over ``decode_weights`` and an ``init_layer_cache`` cache.
+
+    ``rows`` (Int['R'], with a cache): the call's R inputs are cache rows ``rows`` (``lengths``
+    are theirs, Int['R']); the other rows are untouched and cost nothing. Rows whose tokens are
+    all padding may repeat an index (their writes are dropped).
+    """
     dt = jnp.dtype(cfg.dtype)
     x = jnp.take(weights["embed"], tokens, axis=0).astype(dt)
     inv_freq = inverse_frequencies(cfg)
     B, T = tokens.shape
     valid = jnp.ones((B, T), bool) if segment_ids is None else segment_ids != 0
     mask, write_pos = _mask_and_writes(segment_ids, valid, cache)
-    rows = jnp.arange(B)[:, None]
+    idx = (jnp.arange(B) if rows is None else rows)[:, None]
     new_k, new_v = [], []
     for i, p in enumerate(weights["layers"]):
         write = None
         if cache is not None:
 
             def write(k, v, kc=cache.k[i], vc=cache.v[i]):
-                kc = kc.at[rows, :, write_pos].set(k.astype(kc.dtype), mode="drop")
-                vc = vc.at[rows, :, write_pos].set(v.astype(vc.dtype), mode="drop")
-                return kc, vc, (kc, vc)
+                kc = kc.at[idx, :, write_pos].set(k.astype(kc.dtype), mode="drop")
+                vc = vc.at[idx, :, write_pos].set(v.astype(vc.dtype), mode="drop")
+                if rows is None:
+                    return kc, vc, (kc, vc)
+                return kc[rows], vc[rows], (kc, vc)
 
         x, kv = _block(cfg, p, x, positions, inv_freq, mask, write)
         if kv is not None:

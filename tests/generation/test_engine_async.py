@@ -99,9 +99,10 @@ def test_many_episodes_compile_bounded_and_loop_free(engine):
 
     out, elapsed = asyncio.run(main())
     assert len(out) == 50 and all(r.finish_reason in ("stop", "length") for p in out for r in p)
-    # One prefill program per bucket + one decode program per window (and the full cache),
-    # whatever the 50 lengths were.
-    assert engine.compile_count <= len(BUCKETS) + len(WINDOWS) + 1
+    # One prefill program per (length bucket, row bucket) + one decode program per window (and
+    # the full cache), whatever the 50 lengths were.
+    rows = engine.cfg.prefill_rows
+    assert engine.compile_count <= len(BUCKETS) * len(rows) + len(WINDOWS) + 1
     # The loop kept ticking through device work (it would freeze for whole dispatches otherwise).
     assert len(ticks) > 20 and len(ticks) * 0.002 > 0.2 * elapsed
     before = engine.compile_count
@@ -169,3 +170,60 @@ def test_cancelled_turn_frees_the_row(engine):
 
     res = asyncio.run(main())
     assert len(res.token_ids) == 4 and res.finish_reason == "length"
+
+
+def test_row_compacted_prefill_matches_all_rows(model):
+    """Multi-turn sessions that join and continue at different times: prefilling only the slots
+    with new tokens (row buckets 1, 2, 8) gives the tokens and logprobs of all-row prefills."""
+
+    def run(prefill_rows):
+        eng = Engine(
+            model,
+            EngineConfig(
+                max_slots=8,
+                max_seq_len=96,
+                prefill_buckets=(4, 16),
+                decode_chunk=3,
+                prefill_rows=prefill_rows,
+                unroll_layers=True,
+            ),
+        )
+        inner, eng.row_counts = eng._prefill, []
+
+        def prefill(*args):  # record how many rows each prefill dispatch computed
+            eng.row_counts.append(args[2].shape[0])
+            return inner(*args)
+
+        eng._prefill = prefill
+
+        async def episode(i):
+            rng = np.random.default_rng(100 + i)  # per episode: independent of the interleaving
+            await asyncio.sleep(0.002 * i)  # staggered admissions
+            s = await eng.open_session()
+            out = []
+            try:
+                prompt = rng.integers(1, 128, 3 + 2 * i).tolist()
+                for turn in range(3):
+                    sp = SamplingParams(temperature=0.8, max_new_tokens=4 + i % 3, seed=i)
+                    r = await s.generate(prompt, sp)
+                    out.append((r.token_ids, r.logprobs))
+                    prompt = rng.integers(1, 128, 1 + (i + turn) % 5).tolist()  # "tool result"
+                    await asyncio.sleep(0.001 * ((i * 7 + turn) % 4))
+            finally:
+                await s.close()
+            return out
+
+        async def main():
+            async with eng:
+                return await asyncio.gather(*(episode(i) for i in range(11)))
+
+        return eng, asyncio.run(main())
+
+    compact, got = run(None)
+    full, ref = run(())
+    assert compact.cfg.prefill_rows == (1, 2, 8) and full.cfg.prefill_rows == (8,)
+    assert set(full.row_counts) == {8} and {1, 2} <= set(compact.row_counts)
+    for a, b in zip(got, ref, strict=True):
+        for (ta, la), (tb, lb) in zip(a, b, strict=True):
+            assert ta == tb
+            np.testing.assert_allclose(la, lb, atol=1e-5)
