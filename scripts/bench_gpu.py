@@ -118,6 +118,39 @@ def _median_time(fn, repeats: int) -> tuple[float, float, float, object]:
     return statistics.median(times), min(times), max(times), out
 
 
+def _hf_side(hf, prompts, res_ours, new: int, repeats: int) -> dict:
+    """transformers generate on the same prompts (tok/s, median and range), greedy agreement
+    and our per-token logprobs vs transformers' teacher-forced forward over our tokens."""
+    import numpy as np
+    import torch
+
+    prompt = len(prompts[0])
+    ids = _device(torch.tensor(prompts))
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    with torch.no_grad():
+        hf.generate(ids, **kw)  # warm-up
+        med, lo, hi, out = _median_time(
+            lambda m=hf, x=ids, k=kw: m.generate(x, **k), max(1, repeats - 1)
+        )
+    hf_rows = out[:, prompt:].tolist()
+    n_tok = len(hf_rows[0]) * len(prompts)
+    seqs = torch.tensor([p + r.token_ids for p, r in zip(prompts, res_ours, strict=True)])
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(_device(seqs)).logits[:, prompt - 1 : -1].float(), -1)
+    hf_lp = lp.gather(-1, _device(seqs[:, prompt:, None]))[..., 0].cpu().numpy()
+    lp_diff = np.abs(hf_lp - np.array([r.logprobs for r in res_ours]))
+    k = min(16, new)  # greedy agreement on the first 16 tokens (bf16 near-ties can diverge)
+    pairs = zip(res_ours, hf_rows, strict=True)
+    return dict(
+        hf_tok_s=n_tok / med,
+        hf_tok_s_min=n_tok / hi,
+        hf_tok_s_max=n_tok / lo,
+        greedy_prefix16_agree=float(np.mean([r.token_ids[:k] == h[:k] for r, h in pairs])),
+        logprob_abs_diff_vs_hf_median=float(np.median(lp_diff)),
+        logprob_abs_diff_vs_hf_max=float(lp_diff.max()),
+    )
+
+
 def decode_bench(
     res: Results,
     name: str,
@@ -128,6 +161,8 @@ def decode_bench(
     repeats: int,
     section: str = "decode",
     dtype: str = "bfloat16",
+    unroll: bool | None = None,
+    with_hf: bool = True,
 ) -> None:
     import numpy as np
     import torch
@@ -150,6 +185,7 @@ def decode_bench(
                         max_seq_len=prompt + new + 8,
                         prefill_buckets=(prompt,),
                         decode_chunk=64,
+                        unroll_layers=unroll,
                     ),
                 )
                 sp = SamplingParams(temperature=0.0, max_new_tokens=new)
@@ -160,31 +196,7 @@ def decode_bench(
                     lambda e=engine, p=prompts, s=sp: e.generate_batch(p, s), repeats
                 )
                 n_tok = sum(len(r.token_ids) for r in res_ours)
-                ids = _device(torch.tensor(prompts))
-                kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False)
-                with torch.no_grad():
-                    hf.generate(ids, **kw)  # warm-up
-                    hf_med, hf_lo, hf_hi, out = _median_time(
-                        lambda m=hf, x=ids, k=kw: m.generate(x, **k), max(1, repeats - 1)
-                    )
-                hf_rows = out[:, prompt:].tolist()
-                hf_tok = len(hf_rows[0]) * b
-                # greedy agreement on the first 16 tokens (bf16 ties can legitimately diverge)
-                # Our per-token logprobs vs transformers' teacher-forced forward over our tokens.
-                seqs = torch.tensor(
-                    [p + r.token_ids for p, r in zip(prompts, res_ours, strict=True)]
-                )
-                with torch.no_grad():
-                    lp = torch.log_softmax(hf(_device(seqs)).logits[:, prompt - 1 : -1].float(), -1)
-                hf_lp = lp.gather(-1, _device(seqs[:, prompt:, None]))[..., 0].cpu().numpy()
-                our_lp = np.array([r.logprobs for r in res_ours])
-                lp_diff = np.abs(hf_lp - our_lp)
-                k = min(16, new)
-                agree = float(
-                    np.mean(
-                        [r.token_ids[:k] == h[:k] for r, h in zip(res_ours, hf_rows, strict=True)]
-                    )
-                )
+                hf_stats = _hf_side(hf, prompts, res_ours, new, repeats) if with_hf else {}
                 roof = (
                     b
                     * HBM_BW
@@ -200,22 +212,19 @@ def decode_bench(
                     ours_tok_s=n_tok / med,
                     ours_tok_s_min=n_tok / hi,
                     ours_tok_s_max=n_tok / lo,
-                    hf_tok_s=hf_tok / hf_med,
-                    hf_tok_s_min=hf_tok / hf_hi,
-                    hf_tok_s_max=hf_tok / hf_lo,
                     roofline_tok_s=roof,
                     first_call_s=first_s,
                     compiles=engine.compile_count,
-                    greedy_prefix16_agree=agree,
-                    logprob_abs_diff_vs_hf_median=float(np.median(lp_diff)),
-                    logprob_abs_diff_vs_hf_max=float(lp_diff.max()),
+                    unrolled=engine.unrolled,
                     repeats=repeats,
+                    **hf_stats,
                     jax_peak_bytes=_peak_device_bytes(),
                     torch_peak_bytes=torch.cuda.max_memory_allocated() if _cuda() else None,
                 )
-                row["ratio_vs_hf"] = row["ours_tok_s"] / row["hf_tok_s"]
                 row["roofline_frac"] = row["ours_tok_s"] / roof
-                row["hf_roofline_frac"] = row["hf_tok_s"] / roof
+                if with_hf:
+                    row["ratio_vs_hf"] = row["ours_tok_s"] / row["hf_tok_s"]
+                    row["hf_roofline_frac"] = row["hf_tok_s"] / roof
                 res.add(section, row)
                 del engine
             except Exception:
@@ -252,15 +261,15 @@ GPU_START, GPU_END = "<!-- gpu:start -->", "<!-- gpu:end -->"
 def render(files: list[str]) -> str:
     """Markdown tables of the decode and train rows of result files (as written by this script)."""
     dec, train, heads = [], [], []
-    for f in files:
+    for i, f in enumerate(files, 1):
         data = json.loads(Path(f).read_text())
         v = data["versions"]
         heads.append(
-            f"`{Path(f).name}`: {data['device']}, jax {v['jax']}, flax {v['flax']}, torch "
+            f"[{i}] `{Path(f).name}`: {data['device']}, jax {v['jax']}, flax {v['flax']}, torch "
             f"{v['torch']}, transformers {v['transformers']}; `{data['command']}`; {data['date']}"
         )
-        dec += data["decode"]
-        train += data["train"]
+        dec += [dict(r, run=i) for r in data["decode"]]
+        train += [dict(r, run=i) for r in data["train"]]
     out = ["Result files (machine, versions, command, date):", ""]
     out += [f"- {h}" for h in heads]
     if dec:
@@ -269,21 +278,27 @@ def render(files: list[str]) -> str:
             "Decode (bf16, greedy, 128-token prompts, 128 new tokens; ours = median of repeats, "
             "range in brackets):",
             "",
-            "| model | batch | ours tok/s | transformers tok/s | ours / HF | roofline tok/s "
+            "| run | model | batch | ours tok/s | transformers tok/s | ours / HF | roofline tok/s "
             "| ours / roofline | HF / roofline | logprob diff vs HF (median / max) |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in dec:
+            hf = "hf_tok_s" in r
             lp = (
                 f"{r['logprob_abs_diff_vs_hf_median']:.3f} / {r['logprob_abs_diff_vs_hf_max']:.3f}"
                 if "logprob_abs_diff_vs_hf_median" in r
                 else "-"
             )
+            layers = " unrolled" if r.get("unrolled") else ""
+            hf_cols = (
+                f"{r['hf_tok_s']:.0f} | {r['ratio_vs_hf']:.2f}x" if hf else "- | -",
+                f"{r['hf_roofline_frac']:.1%}" if hf else "-",
+            )
             out.append(
-                f"| {r['model']} ({r['params'] / 1e9:.2f}B) | {r['batch']} | {r['ours_tok_s']:.0f} "
-                f"({r['ours_tok_s_min']:.0f}-{r['ours_tok_s_max']:.0f}) | {r['hf_tok_s']:.0f} "
-                f"| {r['ratio_vs_hf']:.2f}x | {r['roofline_tok_s']:.0f} | {r['roofline_frac']:.1%} "
-                f"| {r['hf_roofline_frac']:.1%} | {lp} |"
+                f"| [{r['run']}] | {r['model']} ({r['params'] / 1e9:.2f}B){layers} | {r['batch']} "
+                f"| {r['ours_tok_s']:.0f} ({r['ours_tok_s_min']:.0f}-{r['ours_tok_s_max']:.0f}) "
+                f"| {hf_cols[0]} | {r['roofline_tok_s']:.0f} | {r['roofline_frac']:.1%} "
+                f"| {hf_cols[1]} | {lp} |"
             )
     if train:
         out += [
@@ -291,14 +306,15 @@ def render(files: list[str]) -> str:
             "Train step (bf16 compute, fp32 params + AdamW, PPO-clip, 16k tokens per step, "
             "logprobs in 256-position chunks; MFU = 6 N tok/s / 989 TFLOP/s):",
             "",
-            "| model | batch x seq | remat | tok/s median (p10 / p90) | s/step | MFU "
+            "| run | model | batch x seq | remat | tok/s median (p10 / p90) | s/step | MFU "
             "| peak device GB | compiles |",
-            "|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in train:
             peak = f"{r['jax_peak_bytes'] / 1e9:.1f}" if r.get("jax_peak_bytes") else "-"
             out.append(
-                f"| {r['model']} | {r['batch']} x {r['buckets'][0]} | {r.get('remat', False)} "
+                f"| [{r['run']}] | {r['model']} | {r['batch']} x {r['buckets'][0]} "
+                f"| {r.get('remat', False)} "
                 f"| {r['tok_s']:.0f} ({r['tok_s_p10']:.0f} / {r['tok_s_p90']:.0f}) "
                 f"| {r['step_s_median']:.3f} | {r.get('mfu', 0):.1%} | {peak} | {r['compiles']} |"
             )
@@ -322,6 +338,15 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--unroll",
+        choices=["auto", "true", "false", "both"],
+        default="auto",
+        help="EngineConfig.unroll_layers for the decode rows (both: one row each)",
+    )
+    ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), help="decode models")
+    ap.add_argument("--batches", type=int, nargs="+", help="decode batch sizes (default 1 64 256)")
+    ap.add_argument("--skip-hf", action="store_true", help="decode rows without transformers")
     ap.add_argument(
         "--remat",
         action="store_true",
@@ -374,11 +399,22 @@ def main() -> None:
             res.data["wall_s"] = time.time() - t0
             res.save()
             sys.exit(3)  # gpu_check.sh retries with the carried flax wheel
-    names = ["0.5b"] if args.quick else ["0.5b", "1.5b"]
-    batches = [1, 64] if args.quick else [1, 64, 256]
+    names = args.models or (["0.5b"] if args.quick else ["0.5b", "1.5b"])
+    batches = args.batches or ([1, 64] if args.quick else [1, 64, 256])
     if "decode" in sections:
+        unrolls = {"auto": [None], "true": [True], "false": [False], "both": [False, True]}
         for name in names:
-            decode_bench(res, name, batches, prompt=args.prompt, new=args.new, repeats=args.repeats)
+            for unroll in unrolls[args.unroll]:
+                decode_bench(
+                    res,
+                    name,
+                    batches,
+                    prompt=args.prompt,
+                    new=args.new,
+                    repeats=args.repeats,
+                    unroll=unroll,
+                    with_hf=not args.skip_hf,
+                )
     if "train" in sections:
         # 16k tokens per step; sequence-length scaling on the 0.5B shape
         plan = [("0.5b", 1024)] if args.quick else [("0.5b", 512), ("0.5b", 2048), ("1.5b", 1024)]

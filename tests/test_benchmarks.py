@@ -104,4 +104,6 @@ def test_bench_gpu_smoke_and_render(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     text = md.read_text()
     assert "old" not in text and text.endswith("tail\n")
-    assert "| tiny (0.00B) | 4 |" in text and "| tiny | 4 x 128 | False |" in text
+    assert (
+        "| [1] | tiny (0.00B) unrolled | 4 |" in text and "| [1] | tiny | 4 x 128 | False |" in text
+    )
