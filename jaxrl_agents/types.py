@@ -33,10 +33,11 @@ from typing import Any
 
 Message = dict[str, Any]
 """An OpenAI-style chat message: ``role`` in {system, user, assistant, tool}, ``content`` (str),
-optional ``tool_calls`` (assistant; OpenAI function-call dicts), ``tool_call_id`` / ``name`` (tool)."""
+optional ``tool_calls`` (assistant; OpenAI function-call dicts), ``tool_call_id`` / ``name``
+(tool)."""
 
 
-class EndReason(str, enum.Enum):
+class EndReason(str, enum.Enum):  # noqa: UP042 (StrEnum would change str())
     """Why an episode ended. Every trajectory carries exactly one."""
 
     ANSWERED = "answered"  # the policy gave a final answer (no tool call) or the env said done
@@ -47,7 +48,7 @@ class EndReason(str, enum.Enum):
     ENV_ERROR = "env_error"  # the environment itself raised (not a tool: tools fail softly)
 
 
-class ToolErrorKind(str, enum.Enum):
+class ToolErrorKind(str, enum.Enum):  # noqa: UP042
     """Why a tool call produced an error message instead of a result."""
 
     MALFORMED = "malformed"  # could not be parsed (bad JSON, missing name)
@@ -67,7 +68,7 @@ class Ann:
     ANSWERED = "answered"  # bool: this turn gave a final answer
     CONSTRAINT_VIOLATIONS = "constraint_violations"  # list[str]: constraints the state breaks now
     PROGRESS = "progress"  # float in [0, 1]: env-provided progress shaping signal
-    STATE_KEY = "state_key"  # str: hashable digest of the env state before this turn (GiGPO anchors)
+    STATE_KEY = "state_key"  # str: digest of the env state before this turn (GiGPO anchors)
     # per episode (Verdict.info / Trajectory.info)
     REQUIRED_STEPS = "required_steps"  # list[str]: steps a correct solution must take
     MISSING_STEPS = "missing_steps"  # list[str]: required steps that were never taken
@@ -274,7 +275,9 @@ def _to_jsonable(x: Any) -> Any:
     return x
 
 
-def write_jsonl(path: str | Path, trajectories: Iterable[Trajectory], *, append: bool = False) -> None:
+def write_jsonl(
+    path: str | Path, trajectories: Iterable[Trajectory], *, append: bool = False
+) -> None:
     """Write trajectories one JSON object per line (``append`` to extend an existing file)."""
     with open(path, "a" if append else "w") as f:
         for t in trajectories:
