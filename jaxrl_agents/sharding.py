@@ -155,5 +155,9 @@ def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
     """Place every variable of ``model`` on its NamedSharding under ``mesh`` (in place)."""
     state = nnx.state(model)
     shardings = param_shardings(state, mesh)
+    if any(d.process_index != jax.process_index() for d in mesh.devices.flat):
+        # Onto a mesh spanning processes, place from host values: device_put of a device array
+        # there can yield arrays whose shards cannot be read back (jax 0.10, replicated specs).
+        state = jax.tree.map(np.asarray, state)
     nnx.update(model, jax.device_put(state, shardings))
     return model

@@ -136,4 +136,9 @@ def global_batch_sharding(mesh):
 
 
 def place(tree, sharding):
-    return jax.device_put(tree, sharding) if sharding is not None else jax.device_put(tree)
+    """Host rows -> device arrays. Under ``jax.distributed`` ``tree`` holds this process's rows and
+    the result is the global batch: every process's rows, concatenated in process order (the
+    mesh's device order). With one process, the whole batch on ``sharding``."""
+    if sharding is None:
+        return jax.device_put(tree)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), tree)

@@ -1,20 +1,38 @@
-"""Multi-host start-up: ``jax.distributed`` from config, the environment, or SLURM.
+"""Multi-host start-up and the few cross-process helpers the training job needs.
 
-One process per host; every process builds the same global mesh over all devices, runs its share
-of episodes and feeds its local rows of each global batch; only process 0 writes logs, checkpoints'
-metadata and exports (orbax coordinates the array writes itself).
+One process per host, all running the same program (SPMD over a global mesh):
 
-Sources, first match wins: explicit ``mesh.coordinator_address`` / ``num_processes`` /
+* **Training** runs on the global mesh: every jitted step sees global arrays whose leading (batch)
+  axis is split over the processes; each process feeds its own rows
+  (``jax.make_array_from_process_local_data``), XLA inserts the collectives.
+* **Sampling** runs on a process-local mesh (:func:`local_mesh`): each process's engine serves only
+  its own share of the episodes with Python-driven continuous batching, which a mesh spanning
+  processes could not do (the processes would dispatch different programs). Its weights are the
+  trainer's parameters copied onto that mesh (:func:`replicate_locally`) at every weight push.
+* Episodes, held-out results and small scalars are all-gathered (:func:`gather_objects`,
+  :func:`gather_rows`) so every process computes the same summaries; only process 0 writes logs,
+  checkpoints' metadata and exports (orbax coordinates the array writes itself).
+
+Start-up sources, first match wins: explicit ``mesh.coordinator_address`` / ``num_processes`` /
 ``process_id``; ``JAX_COORDINATOR_ADDRESS`` + ``JAX_NUM_PROCESSES`` + ``JAX_PROCESS_ID``; a SLURM
 allocation of more than one task (``jax.distributed.initialize()`` auto-detects SLURM).
 On CPU the collectives need gloo: ``jax_cpu_collectives_implementation='gloo'`` is set here.
+
+With one process every helper is the identity (or a trivial local computation), so the
+single-host job takes the same code path without collectives.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import pickle
+from typing import Any
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 _initialized = False
 
@@ -30,8 +48,9 @@ def maybe_initialize(mesh_spec) -> bool:
     slurm = _int_env("SLURM_NTASKS") or 0
     if addr is None and slurm <= 1:
         return False
-    if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # Not ``jax.default_backend()``: that starts the backend, after which initialize() refuses.
+    # gloo only serves CPU collectives, so it is harmless on accelerator hosts.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if addr is not None:
         if nproc is None or pid is None:
             raise ValueError(
@@ -49,3 +68,142 @@ def maybe_initialize(mesh_spec) -> bool:
 def _int_env(name: str) -> int | None:
     v = os.environ.get(name)
     return int(v) if v not in (None, "") else None
+
+
+# -- shares of work ----------------------------------------------------------------------------
+
+
+def even_share(n: int, what: str) -> slice:
+    """This process's contiguous ``n / process_count`` items (process ``p`` takes block ``p``).
+
+    Raises a ValueError naming ``what`` when ``n`` does not divide (equal shares keep every
+    process's rows of the global batch the same shape)."""
+    nproc, p = jax.process_count(), jax.process_index()
+    if n % nproc:
+        raise ValueError(
+            f"{what}={n} is not divisible by the number of processes ({nproc}); "
+            f"use a multiple of {nproc}"
+        )
+    k = n // nproc
+    return slice(p * k, (p + 1) * k)
+
+
+def uneven_share(n: int) -> slice:
+    """This process's contiguous block of ``n`` items, sizes differing by at most one."""
+    nproc, p = jax.process_count(), jax.process_index()
+    base, extra = divmod(n, nproc)
+    lo = p * base + min(p, extra)
+    return slice(lo, lo + base + (p < extra))
+
+
+# -- meshes and weights ------------------------------------------------------------------------
+
+
+def local_mesh(mesh: Mesh, batch_axes: tuple[str, ...] = ("data", "fsdp")) -> Mesh:
+    """This process's block of ``mesh`` (same axis names): where its sampler engine runs.
+
+    Falls back to all local devices on the first axis when the process's devices do not form a
+    block. Raises if two processes would hold the same batch rows (``batch_axes`` coordinates),
+    e.g. a ``tensor`` axis spanning hosts: every process must own a distinct share of the batch.
+    """
+    if jax.process_count() == 1:
+        return mesh
+    devs = mesh.devices
+    owners: dict[tuple[int, ...], set[int]] = {}
+    axes = [mesh.axis_names.index(a) for a in batch_axes]
+    for idx in np.ndindex(devs.shape):
+        owners.setdefault(tuple(idx[a] for a in axes), set()).add(devs[idx].process_index)
+    shared = sorted(k for k, v in owners.items() if len(v) > 1)
+    if shared:
+        from jaxrl_agents.sharding import MeshError
+
+        raise MeshError(
+            f"mesh {dict(mesh.shape)} puts the same batch rows on several processes (at "
+            f"{batch_axes} coordinates {shared[:4]}); make the processes split the "
+            f"{'*'.join(batch_axes)} axes (keep 'tensor' within a host)"
+        )
+    mine = np.vectorize(lambda d: d.process_index == jax.process_index())(devs)
+    keep = [
+        np.flatnonzero(mine.any(axis=tuple(j for j in range(mine.ndim) if j != i)))
+        for i in range(mine.ndim)
+    ]
+    block = devs[np.ix_(*keep)]
+    if block.size != mine.sum():
+        block = np.array(jax.local_devices()).reshape((-1,) + (1,) * (devs.ndim - 1))
+    return Mesh(block, mesh.axis_names, axis_types=mesh.axis_types)
+
+
+def _identity(x):
+    return x
+
+
+@functools.cache
+def _replicator(mesh: Mesh):
+    return jax.jit(_identity, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
+def replicate_locally(tree: Any, mesh: Mesh, local: Mesh) -> Any:
+    """Global arrays on ``mesh`` -> the same values, replicated on this process's ``local`` mesh.
+
+    One jitted all-gather makes every device hold a full copy; those copies are then wrapped as
+    arrays of the local mesh (no host round trip). Cost per call: an all-gather of the sharded
+    bytes over the interconnect and, transiently, a full copy of ``tree`` on every device (the
+    caller, e.g. ``Engine.update_weights``, then re-shards it within the host).
+    """
+    if jax.process_count() == 1:
+        return tree
+    full = _replicator(mesh)(tree)
+    sharding = NamedSharding(local, PartitionSpec())
+    return jax.tree.map(
+        lambda x: jax.make_array_from_single_device_arrays(
+            x.shape, sharding, [s.data for s in x.addressable_shards]
+        ),
+        full,
+    )
+
+
+def local_rows(x: jax.Array, sharding: NamedSharding) -> np.ndarray:
+    """This process's rows of a global batch array (the inverse of ``place``)."""
+    if jax.process_count() == 1:
+        return np.asarray(x)
+    local = multihost_utils.global_array_to_host_local_array(x, sharding.mesh, sharding.spec)
+    return np.asarray(local)
+
+
+def host_value(tree: Any) -> Any:
+    """Replicated results of a global computation (metrics, counters) as host numpy values."""
+
+    def one(x):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            return np.asarray(x)
+        if x.is_fully_replicated:
+            return np.asarray(x.addressable_data(0))
+        return multihost_utils.process_allgather(x, tiled=True)
+
+    return jax.tree.map(one, tree)
+
+
+# -- gathering host data -----------------------------------------------------------------------
+
+
+def gather_rows(x: np.ndarray) -> np.ndarray:
+    """``[...]`` per process -> ``[P, ...]`` on every process, in process order."""
+    x = np.asarray(x)
+    if jax.process_count() == 1:
+        return x[None]
+    return np.asarray(multihost_utils.process_allgather(x))
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """One picklable object per process -> the list of all of them on every process.
+
+    Sizes are gathered first, then the padded pickles in one all-gather; with one process the
+    object itself comes back (no copy)."""
+    if jax.process_count() == 1:
+        return [obj]
+    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    sizes = gather_rows(np.array(data.size, np.int32))
+    buf = np.zeros(int(sizes.max()), np.uint8)
+    buf[: data.size] = data
+    blobs = gather_rows(buf)
+    return [pickle.loads(blobs[i, : int(n)].tobytes()) for i, n in enumerate(sizes)]
