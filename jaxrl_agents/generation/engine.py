@@ -49,7 +49,7 @@ from jaxrl_agents.generation.steps import (
 from jaxrl_agents.models import decoder
 
 # Logical axes of the KV cache buffers (mapped by jaxrl_agents.sharding): stacked [L B K S Dh],
-# or one [B K S Dh] buffer per layer when the layers are unrolled.
+# or per layer [B K S Dh] (V) and [B K Dh S] (K) when the layers are unrolled.
 _CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
 
 
@@ -151,12 +151,14 @@ class Engine:
                     f"of mesh {dict(mesh.shape)}"
                 )
             if self.unrolled:
-                layer_kv = shd.logical_sharding(_CACHE_AXES[1:], mesh, shape=cache.k[0].shape)
-                kv = (layer_kv,) * mcfg.num_hidden_layers
+                L = mcfg.num_hidden_layers
+                k_axes = ("batch", "kv_heads", "head_dim", "cache_seq")  # K stored [B K Dh S]
+                ks = (shd.logical_sharding(k_axes, mesh, shape=cache.k[0].shape),) * L
+                vs = (shd.logical_sharding(_CACHE_AXES[1:], mesh, shape=cache.v[0].shape),) * L
             else:
-                kv = shd.logical_sharding(_CACHE_AXES, mesh, shape=cache.k.shape)
+                ks = vs = shd.logical_sharding(_CACHE_AXES, mesh, shape=cache.k.shape)
             lengths = shd.logical_sharding(("batch",), mesh, shape=(B,))
-            cache_sharding = type(cache)(k=kv, v=kv, lengths=lengths)
+            cache_sharding = type(cache)(k=ks, v=vs, lengths=lengths)
             cache = jax.device_put(cache, cache_sharding)
             # Parameters already placed (load_pretrained(mesh=...)) are not moved.
             state = jax.device_put(state, shd.param_shardings(state, mesh))

@@ -26,7 +26,6 @@ Exercised through the engine: ``pytest tests/generation``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -36,6 +35,7 @@ from flax import nnx
 from jax import lax
 
 from jaxrl_agents.generation.sampling import SlotSampling, sample
+from jaxrl_agents.models.decoder import cache_seq_axes
 
 Array = jax.Array
 
@@ -118,9 +118,9 @@ def make_prefill(
     return prefill
 
 
-def _seq_len(kv) -> int:
-    """Cache positions S of a stacked ``[L B K S Dh]`` buffer or a tuple of ``[B K S Dh]``."""
-    return jax.tree.leaves(kv)[0].shape[-2]
+def _seq_len(v) -> int:
+    """Cache positions S of a stacked ``[L B K S Dh]`` V buffer or a tuple of ``[B K S Dh]``."""
+    return jax.tree.leaves(v)[0].shape[-2]
 
 
 def make_decode(
@@ -143,11 +143,15 @@ def make_decode(
     def decode(state, full_cache, slots: SlotState):
         on_trace()
         B = slots.lengths.shape[0]
-        windowed = window < _seq_len(full_cache.k)
+        windowed = window < _seq_len(full_cache.v)
+        k_axis, v_axis = cache_seq_axes(full_cache)
         cache = full_cache
         if windowed:
-            cut = functools.partial(jax.tree.map, lambda a: a[..., :window, :])
-            cache = full_cache._replace(k=cut(full_cache.k), v=cut(full_cache.v))
+
+            def cut(tree, axis):
+                return jax.tree.map(lambda a: lax.slice_in_dim(a, 0, window, axis=axis), tree)
+
+            cache = full_cache._replace(k=cut(full_cache.k, k_axis), v=cut(full_cache.v, v_axis))
         out = ChunkOut(
             tokens=jnp.zeros((chunk, B), jnp.int32),
             logprobs=jnp.zeros((chunk, B), jnp.float32),
@@ -208,11 +212,15 @@ def make_decode(
         )
         _, cache, _, _, _, _, out = lax.while_loop(cond, body, carry)
         if windowed:
-            put = functools.partial(
-                jax.tree.map,
-                lambda full, part: lax.dynamic_update_slice_in_dim(full, part, 0, axis=-2),
+
+            def put(full, part, axis):
+                return jax.tree.map(
+                    lambda f, p: lax.dynamic_update_slice_in_dim(f, p, 0, axis=axis), full, part
+                )
+
+            cache = cache._replace(
+                k=put(full_cache.k, cache.k, k_axis), v=put(full_cache.v, cache.v, v_axis)
             )
-            cache = cache._replace(k=put(full_cache.k, cache.k), v=put(full_cache.v, cache.v))
         if cache_constraint is not None:
             cache = lax.with_sharding_constraint(cache, cache_constraint)
         return cache, out

@@ -44,9 +44,9 @@ def test_mesh_matches_single_device(unroll):
     assert tokens == ref_tokens
     np.testing.assert_allclose(np.concatenate(lps), np.concatenate(ref_lps), atol=1e-5)
     # Slots over data x fsdp (8 slots -> 2 per shard), KV heads over tensor (2 -> 1 per shard).
-    kv = eng._cache.k
-    shards = {s.data.shape for a in (kv if unroll else [kv]) for s in a.addressable_shards}
-    assert shards == ({(2, 1, 48, 16)} if unroll else {(2, 2, 1, 48, 16)})
+    for kv, per_layer in ((eng._cache.k, (2, 1, 16, 48)), (eng._cache.v, (2, 1, 48, 16))):
+        shards = {s.data.shape for a in (kv if unroll else [kv]) for s in a.addressable_shards}
+        assert shards == ({per_layer} if unroll else {(2, 2, 1, 48, 16)})  # K: [B K Dh S]
     # Weight updates keep the placement and the compiled programs.
     n = eng.compile_count
     eng.update_weights(Transformer(CFG, rngs=nnx.Rngs(3)))

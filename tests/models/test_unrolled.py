@@ -64,7 +64,7 @@ def test_unrolled_matches_scan(case):
         np.testing.assert_array_equal(got_c.lengths, ref_c.lengths)
         for i in range(cfg.num_hidden_layers):
             np.testing.assert_allclose(
-                np.asarray(got_c.k[i], np.float32),
+                np.asarray(got_c.k[i], np.float32).swapaxes(-1, -2),  # stored [B K Dh S]
                 np.asarray(ref_c.k[i], np.float32),
                 atol=tol,
                 rtol=tol,
