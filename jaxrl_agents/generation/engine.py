@@ -48,10 +48,6 @@ from jaxrl_agents.generation.steps import (
 )
 from jaxrl_agents.models import decoder
 
-# Logical axes of the KV cache buffers (mapped by jaxrl_agents.sharding): stacked [L B K S Dh],
-# or per layer [B K S Dh] (V) and [B K Dh S] (K) when the layers are unrolled.
-_CACHE_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
-
 
 class _Request:
     """One ``generate`` call in flight: its tokens, parameters and accumulated output."""
@@ -150,13 +146,14 @@ class Engine:
                     f"max_slots={B} must be a multiple of {'*'.join(slot_axes)}={n_slot_shards} "
                     f"of mesh {dict(mesh.shape)}"
                 )
-            if self.unrolled:
-                L = mcfg.num_hidden_layers
-                k_axes = ("batch", "kv_heads", "head_dim", "cache_seq")  # K stored [B K Dh S]
-                ks = (shd.logical_sharding(k_axes, mesh, shape=cache.k[0].shape),) * L
-                vs = (shd.logical_sharding(_CACHE_AXES[1:], mesh, shape=cache.v[0].shape),) * L
-            else:
-                ks = vs = shd.logical_sharding(_CACHE_AXES, mesh, shape=cache.k.shape)
+
+            def place(buffers, axes):  # a stacked buffer or a tuple of per-layer ones
+                return jax.tree.map(
+                    lambda a: shd.logical_sharding(axes, mesh, shape=a.shape), buffers
+                )
+
+            k_axes, v_axes = decoder.cache_axes(cache)
+            ks, vs = place(cache.k, k_axes), place(cache.v, v_axes)
             lengths = shd.logical_sharding(("batch",), mesh, shape=(B,))
             cache_sharding = type(cache)(k=ks, v=vs, lengths=lengths)
             cache = jax.device_put(cache, cache_sharding)

@@ -118,11 +118,6 @@ def make_prefill(
     return prefill
 
 
-def _seq_len(v) -> int:
-    """Cache positions S of a stacked ``[L B K S Dh]`` V buffer or a tuple of ``[B K S Dh]``."""
-    return jax.tree.leaves(v)[0].shape[-2]
-
-
 def make_decode(
     hidden: Hidden,
     logits_fn: Logits,
@@ -143,8 +138,8 @@ def make_decode(
     def decode(state, full_cache, slots: SlotState):
         on_trace()
         B = slots.lengths.shape[0]
-        windowed = window < _seq_len(full_cache.v)
         k_axis, v_axis = cache_seq_axes(full_cache)
+        windowed = window < jax.tree.leaves(full_cache.v)[0].shape[v_axis]
         cache = full_cache
         if windowed:
 

@@ -371,10 +371,23 @@ def decode_weights(model: Transformer) -> dict[str, Any]:
     }
 
 
+# Logical axes (jaxrl_agents.sharding) of one k and one v buffer: stacked ``init_cache`` buffers
+# [L B K S Dh]; ``init_layer_cache`` stores each layer's K as [B K Dh S] and V as [B K S Dh].
+_STACKED_AXES = ("layers", "batch", "kv_heads", "cache_seq", "head_dim")
+_LAYER_K_AXES = ("batch", "kv_heads", "head_dim", "cache_seq")
+_LAYER_V_AXES = ("batch", "kv_heads", "cache_seq", "head_dim")
+
+
+def cache_axes(cache: KVCache) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Logical axes of one of ``cache``'s k buffers and one of its v buffers."""
+    if isinstance(cache.k, tuple):
+        return _LAYER_K_AXES, _LAYER_V_AXES
+    return _STACKED_AXES, _STACKED_AXES
+
+
 def cache_seq_axes(cache: KVCache) -> tuple[int, int]:
-    """The position axis of ``cache``'s k and v buffers: (-1, -2) for ``init_layer_cache``
-    caches (k stored [B K Dh S]), (-2, -2) for stacked ``init_cache`` ones."""
-    return (-1, -2) if isinstance(cache.k, tuple) else (-2, -2)
+    """The (negative) position axis of ``cache``'s k and v buffers."""
+    return tuple(axes.index("cache_seq") - len(axes) for axes in cache_axes(cache))
 
 
 def init_layer_cache(cfg: ModelConfig, *, batch: int, max_len: int, dtype: Any = None) -> KVCache:
