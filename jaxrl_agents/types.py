@@ -96,7 +96,8 @@ class ToolCall:
         }
 
     def signature(self) -> str:
-        """Canonical text of name + arguments, for loop detection (identical repeated calls)."""
+        """Exact canonical text of name + arguments (loop detection uses the normalised
+        ``jaxrl_agents.facts.call_key``)."""
         return self.name + json.dumps(self.arguments, sort_keys=True, default=str)
 
 

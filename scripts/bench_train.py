@@ -86,7 +86,12 @@ def bench(
     from jaxrl_agents.models import ModelConfig, Transformer
     from jaxrl_agents.rollout.packing import TrainBatch, bucket_for
     from jaxrl_agents.training.objectives import rl_loss
-    from jaxrl_agents.training.step import OptimizerConfig, init_train_state, make_train_step
+    from jaxrl_agents.training.step import (
+        LossInputs,
+        OptimizerConfig,
+        init_train_state,
+        make_train_step,
+    )
 
     spec = MODELS[name]
     cfg = ModelConfig.from_hf_config(
@@ -99,7 +104,7 @@ def bench(
     model = Transformer(cfg, rngs=nnx.Rngs(seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = OptimizerConfig(lr=1e-5, warmup_steps=1).build()
-    state = init_train_state(params, tx, seed=seed)
+    state = init_train_state(params, tx)
     loss_cfg = LossConfig(name="ppo_clip")
     step = make_train_step(graphdef, tx, rl_loss(loss_cfg, chunk=chunk or min(buckets)), rest=rest)
     compiled = step._cache_size  # programs in the jit cache (one per distinct batch shape)
@@ -134,7 +139,7 @@ def bench(
                 for k in b._fields
             }
         )
-        state, m = step(state, jax.tree.map(jnp.asarray, b), {"denom": jnp.float32(1000)})
+        state, m = step(state, jax.tree.map(jnp.asarray, b), LossInputs(denom=jnp.float32(1000)))
     jax.block_until_ready(state.params)
     compiles_warm = compiled()
     times, toks, real = [], [], []
@@ -142,7 +147,7 @@ def bench(
         b, n_real = make_batch()
         b = jax.tree.map(jnp.asarray, b)
         t = time.perf_counter()
-        state, m = step(state, b, {"denom": jnp.sum(b.loss_mask)})
+        state, m = step(state, b, LossInputs(denom=jnp.sum(b.loss_mask)))
         jax.block_until_ready(m["loss"])
         times.append(time.perf_counter() - t)
         toks.append(b.input_ids.size)

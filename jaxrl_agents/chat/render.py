@@ -28,11 +28,11 @@ the parsed assistant message holds the content with all call markup removed plus
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any, NamedTuple
 
 from jaxrl_agents.chat.templates import CHAT_TEMPLATES
 from jaxrl_agents.chat.tool_calls import TOOL_CALL_PARSERS, parse_tool_calls
+from jaxrl_agents.facts import decode_arguments
 from jaxrl_agents.types import Message, ToolCall
 
 # Sentinel contents of the dummy conversation; plain words any vocabulary encodes.
@@ -223,12 +223,11 @@ def _normalize(message: Message) -> Message:
         for c in calls:
             fn = c.get("function", c)
             if isinstance(fn.get("arguments"), str):
-                try:
-                    fn["arguments"] = json.loads(fn["arguments"] or "{}")
-                except json.JSONDecodeError as e:
+                args, error = decode_arguments(fn["arguments"])
+                if error is not None:
                     raise ValueError(
-                        f"tool call {fn.get('name')!r} has arguments that are not JSON: "
-                        f"{fn['arguments']!r}"
-                    ) from e
+                        f"tool call {fn.get('name')!r} has arguments {fn['arguments']!r}: {error}"
+                    )
+                fn["arguments"] = args
         m["tool_calls"] = calls
     return m

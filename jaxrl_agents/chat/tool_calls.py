@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from jaxrl_agents.facts import decode_arguments
 from jaxrl_agents.types import ToolCall
 
 ToolParser = Callable[[str], tuple[str, list[ToolCall]]]
@@ -89,14 +90,9 @@ def call_from_json(body: str, *, raw: str) -> ToolCall:
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
         return bad(f'tool call needs a non-empty string "name", got {name!r}')
-    args: Any = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            return bad(f'"arguments" is a string that is not JSON: {e.msg}', name)
-    if not isinstance(args, dict):
-        return bad(f'"arguments" must be a JSON object, got {type(args).__name__}', name)
+    args, error = decode_arguments(obj.get("arguments", obj.get("parameters", {})))
+    if error is not None:
+        return bad(error, name)
     return ToolCall(name=name, arguments=args, raw=raw)
 
 

@@ -7,34 +7,27 @@ jaxrl-export run_dir=runs/demo/seed0 step=310
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import logging
 
-from jaxrl_agents.cli.train import CONFIG_DIR
+from jaxrl_agents.cli.app import reported, run_app
 
 
-def _main(cfg) -> None:
-    import logging
-
-    from jaxrl_agents.models import export_pretrained
+def _main(tree) -> None:
+    from jaxrl_agents.jobs.config import ConfigError, ExportConfig, from_tree
+    from jaxrl_agents.jobs.export import export_run
 
     for name in ("absl", "jax", "orbax"):  # library INFO chatter, not the user's business
         logging.getLogger(name).setLevel(logging.WARNING)
-    from jaxrl_agents.training.restore import load_policy
-
-    if cfg.run_dir is None:
-        print("config error: run_dir is required (a jaxrl-train run folder)", file=sys.stderr)
-        sys.exit(2)
-    model, tokenizer, meta = load_policy(cfg.run_dir, which=cfg.which, step=cfg.step)
-    out = Path(cfg.out or Path(cfg.run_dir) / f"hf_export_{cfg.which}")
-    export_pretrained(model, out, tokenizer=tokenizer, max_shard_size=cfg.max_shard_size)
+    with reported(extra=(ValueError,)):
+        cfg = from_tree(ExportConfig, tree)
+        if cfg.run_dir is None:
+            raise ConfigError("run_dir is required (a jaxrl-train run folder)")
+        out, meta = export_run(cfg)
     print(f"exported {meta.get('stage')} step {meta.get('stage_step')} -> {out.resolve()}")
 
 
 def main() -> None:
-    import hydra
-
-    hydra.main(config_path=CONFIG_DIR, config_name="export", version_base="1.3")(_main)()
+    run_app("export", _main)
 
 
 if __name__ == "__main__":

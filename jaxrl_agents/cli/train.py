@@ -5,52 +5,34 @@
         model=hf model.path=/models/Qwen2.5-1.5B-Instruct
     jaxrl-train -m advantage=grpo,rloo,dr_grpo seed=0,1,2          # a sweep (basic launcher)
 
-This module is the only place that imports Hydra: it composes ``configs/``, converts the tree into
-the typed :class:`~jaxrl_agents.training.config.RunConfig` (unknown keys and bad values fail here,
-before anything compiles) and calls :func:`jaxrl_agents.training.run.run`.
+Composes ``configs/`` over the typed :class:`~jaxrl_agents.jobs.config.RunConfig` (unknown keys
+and bad values fail here in one line, before anything compiles) and calls
+:func:`jaxrl_agents.jobs.train.train`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from pathlib import Path
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+from jaxrl_agents.cli.app import reported, run_app
 
 
-def to_run_config(dict_cfg):
-    """OmegaConf tree -> RunConfig (strict)."""
-    from omegaconf import OmegaConf
+def to_run_config(tree):
+    """Composed OmegaConf tree -> RunConfig (strict)."""
+    from jaxrl_agents.jobs.config import RunConfig, from_tree
 
-    from jaxrl_agents.training.config import RunConfig, build
-
-    data = OmegaConf.to_container(dict_cfg, resolve=True)
-    data.pop("hydra", None)
-    return build(RunConfig, data)
+    return from_tree(RunConfig, tree)
 
 
-def user_errors() -> tuple[type[Exception], ...]:
-    """Errors a user causes with config or paths: reported in one line, no traceback."""
-    from jaxrl_agents.models import CheckpointError, ModelConfigError
-    from jaxrl_agents.sharding import MeshError
-    from jaxrl_agents.training.config import ConfigError
-
-    return (ConfigError, MeshError, ModelConfigError, CheckpointError, FileNotFoundError)
-
-
-def _main(dict_cfg) -> None:
-    from jaxrl_agents.training.run import run
+def _main(tree) -> None:
+    from jaxrl_agents.jobs.train import train
 
     # Hydra configured logging just now; JAX's backend probing is noise at INFO.
     logging.getLogger("jax").setLevel(logging.WARNING)
-    try:
-        cfg = to_run_config(dict_cfg)
-        summary = run(cfg)
-    except user_errors() as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
+    with reported():
+        cfg = to_run_config(tree)
+        summary = train(cfg)
     print(format_summary(summary))
     if summary.get("learning_curve"):
         print(f"learning curve: {summary['learning_curve']}")
@@ -87,11 +69,7 @@ def format_summary(summary: dict) -> str:
 
 
 def main() -> None:
-    import hydra
-
-    logging.getLogger("absl").setLevel(logging.ERROR)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")(_main)()
+    run_app("config", _main)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ the turn protocol the rollout orchestrator relies on:
 Per-turn annotations (``Ann.*``) are computed here from the hooks so every env reports them alike:
 ``EVIDENCE_COMPLETE`` is measured *before* the turn's calls run, so a final answer given before the
 evidence was gathered shows ``False``; ``STATE_KEY`` digests the env state before the turn (GiGPO
-anchor states); ``REPEATED_CALLS`` counts calls whose ``ToolCall.signature()`` was already seen.
+anchor states); ``REPEATED_CALLS`` counts the turn's valid calls whose normalised key
+(:func:`jaxrl_agents.facts.call_key`) was already seen in the episode: the same count the ``loop``
+reward term and the evaluation taxonomy use.
 
 Hooks for subclasses: ``system_prompt``, ``user_prompt``, ``setup``, ``completed_steps``,
 ``constraint_violations``, ``state_digest``, ``judge``; ``required_steps`` defaults to
@@ -28,10 +30,12 @@ import re
 from typing import Any, ClassVar
 
 from jaxrl_agents.envs.tools import ToolBox
+from jaxrl_agents.facts import CallHistory, decode_arguments
 from jaxrl_agents.types import Ann, EnvReset, EnvStep, Message, Task, ToolCall, Verdict
 
 REPEATED_CALLS = "repeated_calls"
-"""Annotation key (per turn): calls whose signature already appeared earlier in the episode."""
+"""Annotation key (per turn): valid calls whose ``facts.call_key`` already appeared earlier in the
+episode (``facts.repeated_call_counts``)."""
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 
@@ -74,7 +78,7 @@ class Env:
         self.done = False
         self.turns = 0
         self.stats = {"tool_calls": 0, "tool_errors": 0, "repeated_calls": 0}
-        self._signatures: set[str] = set()
+        self._calls = CallHistory()
         self._completed: set[str] = set()
 
     # -- task generation (subclasses) --------------------------------------------------------------
@@ -125,7 +129,7 @@ class Env:
             raise ValueError(f"{type(self).__name__} cannot run a task of env {task.env!r}")
         self.task, self.answer, self.done, self.turns = task, None, False, 0
         self.stats = {k: 0 for k in self.stats}
-        self._signatures, self._completed = set(), set()
+        self._calls, self._completed = CallHistory(), set()
         self.setup(task, seed)
         messages = [
             {"role": "system", "content": self.system_prompt(task)},
@@ -154,12 +158,9 @@ class Env:
             ann.update({Ann.ANSWERED: True, REPEATED_CALLS: 0})
             ann.update(self._after_turn())
             return EnvStep(messages=[], done=True, annotations=ann)
-        results, messages, repeated = [], [], 0
+        repeated = self._calls.add(tool_calls)
+        results, messages = [], []
         for call in tool_calls:
-            if call.error is None:
-                sig = call.signature()
-                repeated += sig in self._signatures
-                self._signatures.add(sig)
             result = await self.tools.execute(
                 call,
                 timeout_s=self.config.tool_timeout_s,
@@ -248,16 +249,12 @@ def check_split(split: str) -> None:
 
 def calls_from_message(message: Message) -> list[ToolCall]:
     """``ToolCall`` objects from an OpenAI-style assistant message (what the chat layer's parser
-    would produce from the rendered text); JSON-string arguments are decoded."""
+    would produce from the rendered text); arguments are decoded by ``facts.decode_arguments``
+    (JSON strings; anything that is not an object becomes a call with ``error`` set)."""
     calls = []
     for i, c in enumerate(message.get("tool_calls") or []):
         fn = c.get("function", c)
-        args, error = fn.get("arguments", {}), None
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError as e:
-                args, error = {}, f"arguments are not valid JSON: {e}"
+        args, error = decode_arguments(fn.get("arguments", {}))
         calls.append(
             ToolCall(
                 name=fn.get("name", ""), arguments=args, id=c.get("id", f"call_{i}"), error=error

@@ -1,7 +1,8 @@
 """Held-out evaluation: trajectory metrics, the step-level failure taxonomy, side-by-side
-comparisons, HTML/JSON reports (``evaluation.report``) and policy/snapshot evaluation
-(``evaluation.runner``, behind ``jaxrl-eval``). Report and runner are imported explicitly: they
-pull in matplotlib and the engine, which the trainer's per-step summaries do not need."""
+comparisons, HTML/JSON reports (``evaluation.report``) and policy specs
+(``evaluation.policies``). The evaluation layer receives trajectories; running policies to get
+them is the eval job's (``jobs.evaluate``, behind ``jaxrl-eval``). The report module is imported
+explicitly: it pulls in matplotlib, which per-step summaries do not need."""
 
 from jaxrl_agents.evaluation.compare import Comparison, compare, mcnemar_exact
 from jaxrl_agents.evaluation.metrics import evaluation_metrics, pass_at_k, pass_at_ks

@@ -201,7 +201,7 @@ def build_report(
     """``(html, data)`` for policies ``results`` (name -> trajectories, first = baseline).
 
     ``snapshots``: rows of snapshot selection (``step``, ``label``, ``success``, ``success_ci95``,
-    ``mean_reward``, ``best``), as returned by ``runner.select_snapshot``.
+    ``mean_reward``, ``best``), as returned by ``jobs.evaluate.select_snapshot``.
     """
     if not results:
         raise ValueError("build_report: no policies to report")

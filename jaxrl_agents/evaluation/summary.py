@@ -13,24 +13,49 @@ Two views of the taxonomy:
   :data:`PRIMARY_ORDER` (most specific / most actionable first), falling back to
   ``wrong_answer`` (answered after doing every step, still wrong). These sum to the failures.
 
-Deviation from the ``loop`` reward term: that term may use a ``difflib`` ratio for near-duplicate
-calls; here a near-duplicate is an equal *normalised* call (case and whitespace of string arguments,
-``12.0`` vs ``12``), because a ratio threshold flags distinct short calls such as
-``37*12`` vs ``37*13`` as loops.
+The facts behind the flags — a repeated call, the answer turn, a premature answer, an invalid
+call — are defined once in :mod:`jaxrl_agents.facts`, the module the reward terms (``loop``,
+``premature``, ``tool_validity``) and the environments' ``repeated_calls`` annotation use too, so
+what RL penalises is exactly what this taxonomy counts. A loop is any valid call equal, up to case,
+whitespace and number spelling (``facts.call_key``), to an earlier call of the episode; ``37*12``
+vs ``37*13`` is not one.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrl_agents.types import Ann, EndReason, ToolCall, ToolErrorKind, Trajectory
+from jaxrl_agents.facts import (
+    INVALID_CALL_KINDS,
+    evidence_gathered,
+    has_loop,
+    invalid_calls,
+    is_premature,
+    repeated_calls,
+)
+from jaxrl_agents.facts import call_key as normalized_signature
+from jaxrl_agents.types import Ann, EndReason, ToolErrorKind, Trajectory
 
-INVALID_KINDS = (ToolErrorKind.MALFORMED, ToolErrorKind.UNKNOWN_TOOL, ToolErrorKind.BAD_ARGUMENTS)
+INVALID_KINDS = INVALID_CALL_KINDS
+"""Alias of :data:`jaxrl_agents.facts.INVALID_CALL_KINDS`."""
+
+__all__ = [
+    "FAILURE_MODES",
+    "INVALID_KINDS",
+    "PRIMARY_ORDER",
+    "failure_modes",
+    "has_loop",
+    "is_context_loss",
+    "is_premature",
+    "normalized_signature",
+    "primary_failure",
+    "repeated_calls",
+    "summarize",
+    "wilson_interval",
+]
 
 FAILURE_MODES = (
     "loop",
@@ -61,8 +86,6 @@ PRIMARY_ORDER = (
 )
 """Precedence of :func:`primary_failure`; ``wrong_answer`` is the fallback."""
 
-_WORD = re.compile(r"\w+|[^\w\s]")
-
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """95% Wilson score interval for a binomial proportion (sane at 0% / 100%, small n)."""
@@ -75,64 +98,13 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def _norm_value(v: Any) -> Any:
-    if isinstance(v, bool) or v is None:
-        return v
-    if isinstance(v, int | float):
-        return float(v)
-    if isinstance(v, str):
-        # Case and spacing do not change what a query/expression asks for; word order can
-        # ("37-12" vs "12-37"), so it is kept.
-        return " ".join(_WORD.findall(v.lower()))
-    if isinstance(v, list | tuple):
-        return [_norm_value(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): _norm_value(x) for k, x in v.items()}
-    return str(v)
-
-
-def normalized_signature(call: ToolCall) -> str:
-    """``ToolCall.signature()`` up to case, whitespace and number spelling (``12`` vs ``12.0``):
-    ``calculator("37 * 12")`` and ``calculator("37*12")`` are the same call."""
-    return call.name.strip().lower() + json.dumps(
-        _norm_value(call.arguments), sort_keys=True, default=str
-    )
-
-
-def repeated_calls(traj: Trajectory, *, normalize: bool = True) -> int:
-    """Valid tool calls that repeat an earlier call of the episode (exact or normalised)."""
-    key = normalized_signature if normalize else ToolCall.signature
-    counts = Counter(key(c) for c in traj.tool_calls if c.error is None)
-    return sum(n - 1 for n in counts.values())
-
-
-def has_loop(traj: Trajectory, *, min_repeats: int = 2, normalize: bool = True) -> bool:
-    """The same tool call (name + arguments, normalised unless ``normalize=False``) issued
-    ``min_repeats`` or more times: deterministic tools return the same result, so a repeat buys
-    nothing new."""
-    key = normalized_signature if normalize else ToolCall.signature
-    counts = Counter(key(c) for c in traj.tool_calls if c.error is None)
-    return any(n >= min_repeats for n in counts.values())
-
-
-def is_premature(traj: Trajectory) -> bool:
-    """Answered before the evidence the answer needs was gathered."""
-    for turn in traj.turns:
-        if (
-            turn.annotations.get(Ann.ANSWERED)
-            and turn.annotations.get(Ann.EVIDENCE_COMPLETE) is False
-        ):
-            return True
-    return False
-
-
 def is_context_loss(traj: Trajectory) -> bool:
     """Evidence was retrieved (a tool call succeeded) and the episode answered, but the env says
     the answer does not use it. An answer given without retrieving anything is premature, not
     context loss."""
     if traj.info.get(Ann.EVIDENCE_IN_ANSWER) is not False or traj.end_reason != EndReason.ANSWERED:
         return False
-    return any(r.ok for r in traj.tool_results)
+    return evidence_gathered(traj)
 
 
 def failure_modes(traj: Trajectory) -> dict[str, bool]:
@@ -142,7 +114,7 @@ def failure_modes(traj: Trajectory) -> dict[str, bool]:
         "loop": has_loop(traj),
         "premature": is_premature(traj),
         "skipped_step": bool(info.get(Ann.MISSING_STEPS)),
-        "invalid_call": any(traj.count_errors(k) for k in INVALID_KINDS),
+        "invalid_call": invalid_calls(traj) > 0,
         "tool_error": traj.count_errors(ToolErrorKind.TOOL_ERROR) > 0,
         "tool_timeout": traj.count_errors(ToolErrorKind.TIMEOUT) > 0,
         "context_loss": is_context_loss(traj),

@@ -13,12 +13,12 @@ term (e.g. the judge hook in ``rewards.judge``) is awaited by ``RewardComposer.a
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from jaxrl_agents.types import Ann, EndReason, ToolErrorKind, Trajectory, Turn
+from jaxrl_agents import facts
+from jaxrl_agents.types import Ann, ToolErrorKind, Trajectory, Turn
 
 TermValue = float | list[float]
 
@@ -73,9 +73,6 @@ def step_penalty(traj: Trajectory, *, per_step: float = -0.05, free_steps: int =
     return _per_turn(traj, lambda i, _: per_step if i >= free_steps else 0.0)
 
 
-_INVALID = (ToolErrorKind.MALFORMED, ToolErrorKind.UNKNOWN_TOOL, ToolErrorKind.BAD_ARGUMENTS)
-
-
 @register_reward_term("tool_validity")
 def tool_validity(
     traj: Trajectory,
@@ -84,16 +81,15 @@ def tool_validity(
     count_tool_errors: bool = False,
     count_timeouts: bool = False,
 ) -> list[float]:
-    """``per_invalid`` per tool call the policy got wrong (malformed, unknown tool, bad
-    arguments); a tool that raised or timed out is the environment's fault unless opted in."""
-    kinds = set(_INVALID)
+    """``per_invalid`` per tool call the policy got wrong (``facts.INVALID_CALL_KINDS``: malformed,
+    unknown tool, bad arguments); a tool that raised or timed out is the environment's fault unless
+    opted in."""
+    kinds = set(facts.INVALID_CALL_KINDS)
     if count_tool_errors:
         kinds.add(ToolErrorKind.TOOL_ERROR)
     if count_timeouts:
         kinds.add(ToolErrorKind.TIMEOUT)
-    return _per_turn(
-        traj, lambda _, t: per_invalid * sum(r.error_kind in kinds for r in t.tool_results)
-    )
+    return _per_turn(traj, lambda _, t: per_invalid * facts.invalid_calls(t, kinds=kinds))
 
 
 @register_reward_term("format")
@@ -128,49 +124,21 @@ def efficiency(traj: Trajectory, *, per_call: float = -0.02, per_token: float = 
 
 
 @register_reward_term("loop")
-def loop(
-    traj: Trajectory,
-    *,
-    per_repeat: float = -0.1,
-    similarity: float = 1.0,
-    window: int | None = None,
-) -> list[float]:
-    """``per_repeat`` per tool call that repeats an earlier call of the episode: identical
-    ``ToolCall.signature()``, or ``difflib`` ratio >= ``similarity`` when it is below 1 (near
-    duplicates such as a re-ordered or one-character-different query). ``window`` limits the look
-    back to that many previous calls."""
-    seen: list[str] = []
-    out = []
-    for turn in traj.turns:
-        n = 0
-        for call in turn.tool_calls:
-            sig = call.signature()
-            prev = seen if window is None else seen[-window:]
-            if similarity >= 1.0:
-                n += sig in prev
-            else:
-                n += any(difflib.SequenceMatcher(None, sig, p).ratio() >= similarity for p in prev)
-            seen.append(sig)
-        out.append(per_repeat * n)
-    return out
-
-
-def _answer_turn(traj: Trajectory) -> int | None:
-    for i, t in enumerate(traj.turns):
-        if t.annotations.get(Ann.ANSWERED):
-            return i
-    if traj.turns and traj.end_reason == EndReason.ANSWERED and not traj.turns[-1].tool_calls:
-        return len(traj.turns) - 1
-    return None
+def loop(traj: Trajectory, *, per_repeat: float = -0.1) -> list[float]:
+    """``per_repeat`` per valid tool call that repeats an earlier call of the episode, on the turn
+    that made it (``facts.repeated_call_counts``: equal up to case, whitespace and number spelling,
+    the same count as the env's ``repeated_calls`` annotation and the evaluation's ``loop``)."""
+    return [per_repeat * n for n in facts.repeated_call_counts(traj.turns)]
 
 
 @register_reward_term("premature")
 def premature(traj: Trajectory, *, penalty: float = -0.5) -> list[float]:
-    """``penalty`` on the answer turn (``Ann.ANSWERED``, else a final tool-free turn of an
-    ANSWERED episode) when its ``Ann.EVIDENCE_COMPLETE`` is False (a missing key: no penalty)."""
-    k = _answer_turn(traj)
+    """``penalty`` on the answer turn (``facts.answer_turn``: ``Ann.ANSWERED``, else a final
+    tool-free turn of an ANSWERED episode) when its ``Ann.EVIDENCE_COMPLETE`` is False (a missing
+    key: no penalty); ``facts.premature_turn``."""
+    k = facts.premature_turn(traj)
     out = [0.0] * len(traj.turns)
-    if k is not None and traj.turns[k].annotations.get(Ann.EVIDENCE_COMPLETE) is False:
+    if k is not None:
         out[k] = penalty
     return out
 

@@ -1,11 +1,15 @@
-"""Rollouts: the multi-turn orchestrator, a model-free scripted engine, and packing of
-trajectories into fixed-shape device batches."""
+"""Rollouts: the multi-turn orchestrator, the collector (tasks -> episodes -> device batches), a
+model-free scripted engine and scripted policies, and packing into fixed-shape device batches."""
 
+from jaxrl_agents.rollout.collector import Collector, DeviceBatch, Rollout
 from jaxrl_agents.rollout.orchestrator import Orchestrator, RolloutConfig, episode_seed
 from jaxrl_agents.rollout.packing import EpisodeArrays, Packed, TrainBatch, pack, pack_sft
 from jaxrl_agents.rollout.scripted import ScriptedEngine
 
 __all__ = [
+    "Collector",
+    "DeviceBatch",
+    "Rollout",
     "EpisodeArrays",
     "Orchestrator",
     "Packed",

@@ -54,8 +54,14 @@ class RolloutConfig:
     concurrency: int = 64
     """Episodes in flight at once (the engine's slots bound this further)."""
     temperature: float = 1.0
+    """Sampling temperature of training rollouts (and of ``jaxrl-eval`` with ``samples > 1``);
+    held-out evaluation with one sample per task is greedy."""
     top_p: float = 1.0
+    """Nucleus filter (1 keeps all)."""
     top_k: int = 0
+    """Keep the k most likely tokens (0 keeps all)."""
+    min_p: float = 0.0
+    """Drop tokens below min_p x the most likely token's probability (0 keeps all)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -69,6 +75,14 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.episode_timeout_s <= 0:
             raise ValueError(f"rollout.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+        if self.temperature < 0:
+            raise ValueError(f"rollout.temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"rollout.top_p={self.top_p} must lie in (0, 1] (1 = no filter)")
+        if self.top_k < 0:
+            raise ValueError(f"rollout.top_k={self.top_k} must be >= 0 (0 = no filter)")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"rollout.min_p={self.min_p} must lie in [0, 1) (0 = no filter)")
 
 
 class _Session(Protocol):

@@ -83,3 +83,68 @@ class ScriptedEngine:
     async def open_session(self) -> ScriptedSession:
         self.open_sessions += 1
         return ScriptedSession(self)
+
+
+# -- scripted policies of an environment -------------------------------------------------------
+
+SCRIPTED_POLICIES = ("oracle", "wrong", "loop")
+
+
+def oracle_for(env_cls: type) -> Callable[..., Policy]:
+    """The scripted solver of an env: ``Env.oracle_policy`` or its module's ``oracle_policy``
+    (``task, **kw -> policy``). Raises ``ValueError`` when the env has none."""
+    import importlib
+
+    fn = getattr(env_cls, "oracle_policy", None) or getattr(
+        importlib.import_module(env_cls.__module__), "oracle_policy", None
+    )
+    if fn is None:
+        raise ValueError(f"{env_cls.__name__} has no oracle_policy: SFT needs golden trajectories")
+    return fn
+
+
+def accepts(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` takes a parameter called ``name``."""
+    import inspect
+
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def scripted_factory(name: str, env_cls: type) -> Callable[[Task], Policy]:
+    """``task -> policy`` for a scripted policy name: ``oracle`` / ``wrong`` (the env module's
+    ``oracle_policy`` / ``wrong_policy``), ``loop`` (repeats the oracle's first move forever), or
+    the import path of a factory ``pkg.mod.factory``."""
+    import importlib
+
+    if name == "oracle":
+        return oracle_for(env_cls)
+    if name == "wrong":
+        fn = getattr(importlib.import_module(env_cls.__module__), "wrong_policy", None)
+        if fn is None:
+            raise ValueError(f"{env_cls.__name__}'s module has no wrong_policy")
+        return fn
+    if name == "loop":
+        oracle = oracle_for(env_cls)
+
+        def loop_factory(task: Task) -> Policy:
+            first: dict[str, Message] = {}
+
+            def policy(messages: list[Message]) -> Message:
+                if "msg" not in first:
+                    first["msg"] = oracle(task)(messages)
+                return dict(first["msg"])
+
+            return policy
+
+        return loop_factory
+    module, _, attr = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(
+            f"scripted policy {name!r}: not one of {SCRIPTED_POLICIES} nor an importable factory "
+            f"({e})"
+        ) from e

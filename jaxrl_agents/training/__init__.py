@@ -1,17 +1,19 @@
-"""Training: the jitted train step, SFT/RL objectives, orbax checkpoints and the whole job.
+"""Training: the jitted train step, SFT/RL objectives, the RL update program, orbax checkpoints.
 
-``run(cfg)`` runs (or resumes) SFT then RL for a typed :class:`RunConfig`; the Hydra entry point
-``jaxrl-train`` only builds that config. Submodules import JAX lazily from here.
+The trainer receives device batches; it never reaches into environments. The jobs that drive it
+(SFT then RL, with evaluation and export) are in ``jaxrl_agents.jobs``. Submodules import JAX
+lazily from here.
 """
 
 from typing import Any
 
 _LAZY = {
-    "RunConfig": "jaxrl_agents.training.config",
-    "run": "jaxrl_agents.training.run",
     "make_train_step": "jaxrl_agents.training.step",
     "TrainState": "jaxrl_agents.training.step",
     "OptimizerConfig": "jaxrl_agents.training.step",
+    "LossInputs": "jaxrl_agents.training.step",
+    "make_rl_update": "jaxrl_agents.training.update",
+    "RLMetrics": "jaxrl_agents.training.update",
     "Checkpointer": "jaxrl_agents.training.checkpoint",
 }
 __all__ = list(_LAZY)

@@ -1,7 +1,7 @@
 """Losses as seen by the train step: SFT (masked NLL) and RL (the configured policy loss).
 
 Gradient accumulation is exact: every micro-batch divides by the *full* batch's aggregation
-denominator (``extra["denom"]``: tokens for token-mean, sequences for the seq-mean modes; see
+denominator (``LossInputs.denom``: tokens for token-mean, sequences for the seq-mean modes; see
 ``algos.aggregation_denominator``), so micro-batch losses sum to the loss of the whole batch
 (tested in ``tests/training``).
 """
@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from jaxrl_agents.rollout.packing import TrainBatch
 from jaxrl_agents.training.logprobs import token_stats
+from jaxrl_agents.training.step import LossInputs
 
 
 def _stats(model, mb: TrainBatch, *, chunk: int, with_entropy: bool):
@@ -26,11 +27,11 @@ def _stats(model, mb: TrainBatch, *, chunk: int, with_entropy: bool):
 def sft_loss(*, chunk: int):
     """Token-mean negative log-likelihood over assistant tokens (same mask as RL)."""
 
-    def loss_fn(model, mb: TrainBatch, extra: dict[str, Any]):
+    def loss_fn(model, mb: TrainBatch, extra: LossInputs):
         stats = _stats(model, mb, chunk=chunk, with_entropy=False)
         mask = mb.loss_mask
         nll_sum = -jnp.sum(stats.logprobs * mask)
-        loss = nll_sum / jnp.maximum(extra["denom"], 1.0)
+        loss = nll_sum / jnp.maximum(extra.denom, 1.0)
         n = jnp.maximum(jnp.sum(mask), 1.0)
         return loss, {"nll": nll_sum / n, "tokens": jnp.sum(mask)}
 
@@ -40,12 +41,12 @@ def sft_loss(*, chunk: int):
 def rl_loss(loss_cfg: Any, *, chunk: int):
     """The configured policy loss (``algos.policy_loss``) on a packed rollout batch.
 
-    ``extra`` holds ``denom`` (full-batch aggregation denominator) and optionally
-    ``ref_logprobs`` (``Float['B T']``) when a KL term to the frozen reference is on.
+    ``extra`` holds the full-batch aggregation denominator and, when a KL loss term to the
+    frozen reference is on, the reference logprobs.
     """
     from jaxrl_agents.algos import policy_loss
 
-    def loss_fn(model, mb: TrainBatch, extra: dict[str, Any]):
+    def loss_fn(model, mb: TrainBatch, extra: LossInputs):
         need_entropy = getattr(loss_cfg, "entropy_coef", 0.0) != 0.0
         stats = _stats(model, mb, chunk=chunk, with_entropy=True)
         loss, metrics = policy_loss(
@@ -54,9 +55,9 @@ def rl_loss(loss_cfg: Any, *, chunk: int):
             advantages=mb.advantages,
             loss_mask=mb.loss_mask,
             cfg=loss_cfg,
-            ref_logprobs=extra.get("ref_logprobs"),
+            ref_logprobs=extra.ref_logprobs,
             entropy=stats.entropy if need_entropy else None,
-            denominator=extra["denom"],
+            denominator=extra.denom,
         )
         mask = mb.loss_mask
         n = jnp.maximum(jnp.sum(mask), 1.0)

@@ -28,14 +28,14 @@ from jaxrl_agents.rollout.packing import TrainBatch
 
 
 class TrainState(NamedTuple):
-    """Everything a resume needs, as one pytree."""
+    """The trained state, as one pytree. Randomness and data order are not state: the jobs derive
+    them from the run's seed and the step number (``jax.random.fold_in``), so a resumed run
+    draws exactly what an uninterrupted one would."""
 
     params: Any  # nnx.State of the policy's nnx.Param variables
     opt_state: Any
     step: jax.Array  # Int[]: optimizer updates applied
     skipped: jax.Array  # Int[]: updates skipped by the non-finite guard
-    rng: jax.Array  # PRNG key data (uint32[2])
-    data_cursor: jax.Array  # Int[]: position in the task stream / SFT data
 
 
 @dataclasses.dataclass
@@ -44,7 +44,7 @@ class OptimizerConfig:
 
     lr: float = 3e-4
     """Peak learning rate."""
-    warmup_steps: int = 10
+    warmup_steps: int = 2
     decay_steps: int = 0
     """Cosine decay length after warmup (0 = constant after warmup)."""
     min_lr_ratio: float = 0.1
@@ -55,9 +55,24 @@ class OptimizerConfig:
     grad_clip: float = 1.0
     """Global-norm clip (0 disables)."""
 
-    def build(self) -> optax.GradientTransformation:
+    def __post_init__(self) -> None:
         if self.lr <= 0:
-            raise ValueError(f"optimizer.lr must be > 0, got {self.lr}")
+            raise ValueError(f"lr={self.lr} must be > 0")
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ValueError(
+                f"warmup_steps={self.warmup_steps} and decay_steps={self.decay_steps} must be >= 0"
+            )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must lie in [0, 1]")
+        if not (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0):
+            raise ValueError(f"b1={self.b1} and b2={self.b2} must lie in [0, 1)")
+        if self.grad_clip < 0 or self.weight_decay < 0 or self.eps <= 0:
+            raise ValueError(
+                f"grad_clip={self.grad_clip}, weight_decay={self.weight_decay} must be >= 0 and "
+                f"eps={self.eps} > 0"
+            )
+
+    def build(self) -> optax.GradientTransformation:
         warm = optax.linear_schedule(0.0, self.lr, max(self.warmup_steps, 1))
         if self.decay_steps > 0:
             after = optax.cosine_decay_schedule(self.lr, self.decay_steps, self.min_lr_ratio)
@@ -71,25 +86,36 @@ class OptimizerConfig:
         return optax.chain(*parts)
 
 
-def init_train_state(params: Any, tx: optax.GradientTransformation, *, seed: int) -> TrainState:
+def init_train_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
     return TrainState(
         params=params,
         opt_state=tx.init(params),
         step=jnp.zeros((), jnp.int32),
         skipped=jnp.zeros((), jnp.int32),
-        rng=jax.random.key_data(jax.random.key(seed)),
-        data_cursor=jnp.zeros((), jnp.int32),
     )
 
 
-LossFn = Callable[[Any, TrainBatch, Any], tuple[jax.Array, dict[str, jax.Array]]]
-"""``(model, micro_batch, extra) -> (loss, metrics)``; ``extra`` carries e.g. reference logprobs
-and the aggregation denominator shared by all micro-batches."""
+class LossInputs(NamedTuple):
+    """What a loss needs besides the model and the micro-batch rows."""
+
+    denom: jax.Array
+    """Float[]: the *full* batch's aggregation denominator (tokens for token-mean, sequences for
+    the seq-mean modes; ``algos.aggregation_denominator``), shared by every micro-batch so that
+    micro-batch losses sum to the loss of the whole batch."""
+    ref_logprobs: jax.Array | None = None
+    """Float['B T']: the frozen reference's logprobs, when a KL loss term is on."""
+
+
+LossFn = Callable[[Any, TrainBatch, LossInputs], tuple[jax.Array, dict[str, jax.Array]]]
+"""``(model, micro_batch, inputs) -> (loss, metrics)``."""
 
 
 def _is_finite_tree(tree: Any) -> jax.Array:
     leaves = jax.tree.leaves(tree)
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+StepFn = Callable[[TrainState, TrainBatch, LossInputs], tuple[TrainState, dict[str, jax.Array]]]
 
 
 def make_train_step(
@@ -99,8 +125,24 @@ def make_train_step(
     *,
     microbatches: int = 1,
     rest: Any = None,
-) -> Callable[[TrainState, TrainBatch, Any], tuple[TrainState, dict[str, jax.Array]]]:
-    """Build ``step(state, batch, extra) -> (state, metrics)`` (jitted, state donated).
+) -> StepFn:
+    """``step(state, batch, inputs) -> (state, metrics)``, jitted with the state donated."""
+    return jax.jit(
+        train_step_fn(graphdef, tx, loss_fn, microbatches=microbatches, rest=rest),
+        donate_argnums=(0,),
+    )
+
+
+def train_step_fn(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    loss_fn: LossFn,
+    *,
+    microbatches: int = 1,
+    rest: Any = None,
+) -> StepFn:
+    """The traceable ``step(state, batch, inputs) -> (state, metrics)``: one optimizer update
+    (to be jitted, or called inside a larger program such as ``training.update``).
 
     ``rest`` is the non-parameter model state (e.g. RoPE tables held as non-Param variables),
     merged back with the parameters for every forward pass.
@@ -113,7 +155,7 @@ def make_train_step(
 
         return jax.value_and_grad(f, has_aux=True)(params)
 
-    def step(state: TrainState, batch: TrainBatch, extra: Any):
+    def step(state: TrainState, batch: TrainBatch, extra: LossInputs):
         B = batch.input_ids.shape[0]
         if B % microbatches:
             raise ValueError(f"batch size {B} is not divisible by microbatches={microbatches}")
@@ -166,4 +208,4 @@ def make_train_step(
         metrics = {**metrics, "loss": loss, "grad_norm": grad_norm, "nonfinite": ~finite}
         return new_state, metrics
 
-    return jax.jit(step, donate_argnums=(0,))
+    return step

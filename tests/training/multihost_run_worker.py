@@ -2,12 +2,13 @@
 
     python multihost_run_worker.py <process_id> <num_processes> <port> <out_dir> [overrides...]
 
-Runs the real job, ``training.run.run(cfg)``, with the config composed from ``configs/`` (smoke
-trainer plus the overrides), under ``jax.distributed`` with gloo; ``num_processes=1`` runs the same
-job in one process without it. Each process owns one CPU device. Two things are recorded without
-touching the job: every ``Orchestrator.run`` call (which tasks, how many episodes) and the weights
-of every push to the sampler (``Components.sampler_model``: what this process samples with and,
-last, exports). They land in ``<out_dir>/proc<i>.json`` and ``<out_dir>/proc<i>.npz``.
+Runs the real job, ``jobs.train.train(cfg, system)``, with the config composed from ``configs/``
+(smoke trainer plus the overrides), under ``jax.distributed`` with gloo; ``num_processes=1`` runs
+the same job in one process without it. Each process owns one CPU device. Two things are recorded
+through the system the job is given (no patching of the job's modules): every ``Orchestrator.run``
+call (which tasks, how many episodes; via the collector's ``orchestrator_cls``) and the weights of
+every push to the sampler (``TrainSystem.sampler_view``: what this process samples with and, last,
+exports). They land in ``<out_dir>/proc<i>.json`` and ``<out_dir>/proc<i>.npz``.
 """
 
 import json
@@ -32,22 +33,25 @@ def main() -> None:
             f"mesh.num_processes={nproc}",
             f"mesh.process_id={pid}",
         ]
-    from hydra import compose, initialize_config_dir
+    from jaxrl_agents.cli.app import compose
+    from jaxrl_agents.cli.train import to_run_config
 
-    from jaxrl_agents.cli.train import CONFIG_DIR, to_run_config
+    cfg = to_run_config(compose("config", overrides))
 
-    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
-        cfg = to_run_config(compose("config", overrides))
+    import dataclasses
 
     import numpy as np
     from flax import nnx
 
-    from jaxrl_agents.training import run as job
+    from jaxrl_agents import distributed as D
+    from jaxrl_agents.jobs.build import build_train
+    from jaxrl_agents.jobs.train import train
+    from jaxrl_agents.rollout import Collector, Orchestrator
 
     calls: list[dict] = []
     pushes: list[dict[str, np.ndarray]] = []
 
-    class CountingOrchestrator(job.Orchestrator):
+    class CountingOrchestrator(Orchestrator):
         async def run(self, tasks, *, group_size=None, **kw):
             trajs = await super().run(tasks, group_size=group_size, **kw)
             calls.append(
@@ -60,17 +64,23 @@ def main() -> None:
             )
             return trajs
 
-    sampler_model = job.Components.sampler_model
+    class CountingCollector(Collector):
+        orchestrator_cls = CountingOrchestrator
 
-    def recording_sampler_model(self, params):
-        model = sampler_model(self, params)
+    D.maybe_initialize(cfg.mesh)
+    system = build_train(cfg)
+    fields = {f.name: getattr(system.collector, f.name) for f in dataclasses.fields(Collector)}
+    system.collector = CountingCollector(**fields)
+    sampler_view = system.sampler_view
+
+    def recording_sampler_view(params):
+        model = sampler_view(params)
         flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
         pushes.append({".".join(map(str, k)): np.asarray(v.get_value()) for k, v in flat})
         return model
 
-    job.Orchestrator = CountingOrchestrator
-    job.Components.sampler_model = recording_sampler_model
-    summary = job.run(cfg)
+    system.sampler_view = recording_sampler_view
+    summary = train(cfg, system)
 
     np.savez(
         out / f"proc{pid}.npz",

@@ -32,7 +32,12 @@ def main() -> None:
     from jaxrl_agents.models import ModelConfig, Transformer
     from jaxrl_agents.rollout.packing import pack_sft
     from jaxrl_agents.training.objectives import sft_loss
-    from jaxrl_agents.training.step import OptimizerConfig, init_train_state, make_train_step
+    from jaxrl_agents.training.step import (
+        LossInputs,
+        OptimizerConfig,
+        init_train_state,
+        make_train_step,
+    )
 
     mesh = Mesh(np.array(jax.devices()).reshape(nproc, 1, 1), ("data", "fsdp", "tensor"))
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -63,7 +68,7 @@ def main() -> None:
     params = jax.tree.map(to_global, params)
     rest = jax.tree.map(to_global, rest)
     tx = OptimizerConfig(lr=1e-2, warmup_steps=1).build()
-    state = init_train_state(params, tx, seed=0)
+    state = init_train_state(params, tx)
     step = make_train_step(graphdef, tx, sft_loss(chunk=16), rest=rest)
 
     rng = np.random.default_rng(0)
@@ -80,7 +85,7 @@ def main() -> None:
         )
         total = np.float32(batch.loss_mask.sum())
         denom = jax.make_array_from_callback((), replicated, lambda idx, total=total: total)
-        state, metrics = step(state, gbatch, {"denom": denom})
+        state, metrics = step(state, gbatch, LossInputs(denom=denom))
     flat = {
         jax.tree_util.keystr(k): np.asarray(multihost_utils.process_allgather(v, tiled=True))
         for k, v in jax.tree_util.tree_leaves_with_path(state.params)

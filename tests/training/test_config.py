@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxrl_agents.training.config import ConfigError, RunConfig, build
+from jaxrl_agents.jobs.config import ConfigError, RunConfig, build
 
 
 def test_builds_nested_dataclasses():

@@ -48,7 +48,7 @@ def _run(nproc: int, out: Path) -> None:
 def test_shares_of_work(monkeypatch):
     import jax
 
-    from jaxrl_agents.training import distributed as D
+    from jaxrl_agents import distributed as D
 
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(jax, "process_index", lambda: 1)

@@ -12,7 +12,12 @@ from flax import nnx
 
 from jaxrl_agents.rollout.packing import pack_sft
 from jaxrl_agents.training.objectives import sft_loss
-from jaxrl_agents.training.step import OptimizerConfig, init_train_state, make_train_step
+from jaxrl_agents.training.step import (
+    LossInputs,
+    OptimizerConfig,
+    init_train_state,
+    make_train_step,
+)
 
 
 class ToyLM(nnx.Module):
@@ -47,7 +52,7 @@ def _setup(micro, lr=1e-2):
     model = ToyLM(rngs=nnx.Rngs(0))
     gd, params, rest = nnx.split(model, nnx.Param, ...)
     tx = OptimizerConfig(lr=lr, warmup_steps=1, grad_clip=0.0).build()
-    state = init_train_state(params, tx, seed=0)
+    state = init_train_state(params, tx)
     step = make_train_step(gd, tx, sft_loss(chunk=8), microbatches=micro, rest=rest)
     return state, step
 
@@ -55,7 +60,7 @@ def _setup(micro, lr=1e-2):
 @pytest.mark.parametrize("micro", [2, 4])
 def test_gradient_accumulation_equals_full_batch(micro):
     batch = _batch()
-    extra = {"denom": jnp.sum(batch.loss_mask)}
+    extra = LossInputs(denom=jnp.sum(batch.loss_mask))
     s1, step1 = _setup(1)
     sk, stepk = _setup(micro)
     for _ in range(3):
@@ -68,10 +73,10 @@ def test_gradient_accumulation_equals_full_batch(micro):
 
 def test_nan_batch_is_skipped_and_counted():
     batch = _batch()
-    extra = {"denom": jnp.sum(batch.loss_mask)}
+    extra = LossInputs(denom=jnp.sum(batch.loss_mask))
     state, step = _setup(1)
     before = jax.tree.map(np.asarray, state.params)
-    bad_extra = {"denom": jnp.float32(jnp.nan)}
+    bad_extra = LossInputs(denom=jnp.float32(jnp.nan))
     state, m = step(state, batch, bad_extra)
     assert bool(m["nonfinite"]) and int(state.skipped) == 1 and int(state.step) == 0
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.params), strict=True):
@@ -83,7 +88,7 @@ def test_nan_batch_is_skipped_and_counted():
 def test_sft_loss_ignores_unmasked_tokens():
     """Changing prompt/observation targets (mask 0) must not change loss or gradients."""
     batch = _batch()
-    extra = {"denom": jnp.sum(batch.loss_mask)}
+    extra = LossInputs(denom=jnp.sum(batch.loss_mask))
     noisy = batch._replace(
         target_ids=jnp.where(batch.loss_mask > 0, batch.target_ids, (batch.target_ids + 7) % 32)
     )

@@ -1,4 +1,4 @@
-"""Multi-host start-up and the few cross-process helpers the training job needs.
+"""Multi-host start-up, batch placement and the few cross-process helpers the jobs need.
 
 One process per host, all running the same program (SPMD over a global mesh):
 
@@ -34,7 +34,47 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_agents.sharding import LOGICAL_AXIS_RULES
+
 _initialized = False
+
+
+def batch_axes() -> tuple[str, ...]:
+    """The mesh axes the leading (batch) axis of every batch is split over: the ``batch`` entry of
+    the one logical-axis table (``sharding.LOGICAL_AXIS_RULES``)."""
+    axes = LOGICAL_AXIS_RULES["batch"]
+    return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def batch_sharding(mesh: Mesh | None) -> NamedSharding | None:
+    """Rows of a batch over the data-parallel mesh axes (``batch_axes``); None without a mesh."""
+    if mesh is None:
+        return None
+    return NamedSharding(mesh, PartitionSpec(batch_axes()))
+
+
+def place(tree: Any, sharding: NamedSharding | None) -> Any:
+    """Host rows -> device arrays. Under ``jax.distributed`` ``tree`` holds this process's rows and
+    the result is the global batch: every process's rows, concatenated in process order (the
+    mesh's device order). With one process, the whole batch on ``sharding``."""
+    if sharding is None:
+        return jax.device_put(tree)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), tree)
+
+
+def replicated_on(tree: Any, mesh: Mesh) -> Any:
+    """Every leaf a global array replicated on ``mesh`` (orbax and multi-process jit need global
+    arrays). Leaves already on ``mesh`` are kept; others are placed from host values: device_put
+    of a device array onto a mesh spanning processes can yield arrays whose shards cannot be read
+    back (jax 0.10)."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def put(x):
+        if isinstance(x, jax.Array) and getattr(x.sharding, "mesh", None) == mesh:
+            return x
+        return jax.device_put(np.asarray(x), replicated)
+
+    return jax.tree.map(put, tree)
 
 
 def maybe_initialize(mesh_spec) -> bool:
@@ -99,7 +139,7 @@ def uneven_share(n: int) -> slice:
 # -- meshes and weights ------------------------------------------------------------------------
 
 
-def local_mesh(mesh: Mesh, batch_axes: tuple[str, ...] = ("data", "fsdp")) -> Mesh:
+def local_mesh(mesh: Mesh) -> Mesh:
     """This process's block of ``mesh`` (same axis names): where its sampler engine runs.
 
     Falls back to all local devices on the first axis when the process's devices do not form a
@@ -108,9 +148,10 @@ def local_mesh(mesh: Mesh, batch_axes: tuple[str, ...] = ("data", "fsdp")) -> Me
     """
     if jax.process_count() == 1:
         return mesh
+    axes_names = batch_axes()
     devs = mesh.devices
     owners: dict[tuple[int, ...], set[int]] = {}
-    axes = [mesh.axis_names.index(a) for a in batch_axes]
+    axes = [mesh.axis_names.index(a) for a in axes_names]
     for idx in np.ndindex(devs.shape):
         owners.setdefault(tuple(idx[a] for a in axes), set()).add(devs[idx].process_index)
     shared = sorted(k for k, v in owners.items() if len(v) > 1)
@@ -119,8 +160,8 @@ def local_mesh(mesh: Mesh, batch_axes: tuple[str, ...] = ("data", "fsdp")) -> Me
 
         raise MeshError(
             f"mesh {dict(mesh.shape)} puts the same batch rows on several processes (at "
-            f"{batch_axes} coordinates {shared[:4]}); make the processes split the "
-            f"{'*'.join(batch_axes)} axes (keep 'tensor' within a host)"
+            f"{axes_names} coordinates {shared[:4]}); make the processes split the "
+            f"{'*'.join(axes_names)} axes (keep 'tensor' within a host)"
         )
     mine = np.vectorize(lambda d: d.process_index == jax.process_index())(devs)
     keep = [

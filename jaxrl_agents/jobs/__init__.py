@@ -1,0 +1,1 @@
+"""The composition root: typed config groups, builders and the train / eval / export jobs."""

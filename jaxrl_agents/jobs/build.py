@@ -1,0 +1,270 @@
+"""The composition root: everything a job needs, built from one typed config.
+
+:func:`build_train` turns a :class:`RunConfig` into a :class:`TrainSystem` — tokenizer and chat
+format, the policy and its shardings, the sampler view of its weights, the env binding, the reward
+composer and the rollout collector. Every cross-group check runs first (:func:`check_run`), before
+anything compiles, and raises :class:`ConfigError` naming the dotted key. The eval and export jobs
+use the same builders (:func:`build_tokenizer`, :func:`build_model`, :func:`resolve_env`, ...), so
+there is one way to make each thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any
+
+from jaxrl_agents.jobs.config import ConfigError, EnvSpec, ModelSpec, RunConfig
+
+# -- environments ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class EnvBinding:
+    """An env class with its validated constructor and task-generator arguments."""
+
+    cls: type
+    kwargs: dict[str, Any]
+    task_kwargs: dict[str, Any]
+
+    def factory(self) -> Any:
+        return self.cls(**self.kwargs)
+
+    def tasks(self, split: str, n: int, *, seed: int) -> list:
+        return self.cls.make_tasks(split, n, seed=seed, **self.task_kwargs)
+
+    @property
+    def label(self) -> str:
+        return f"{self.cls.__module__}.{self.cls.__name__}"
+
+    def oracle(self, options: dict[str, Any], *, rng: Any = None, key: str = "trainer.oracle"):
+        """``task -> policy`` of the env's scripted solver with ``options`` (checked by name)."""
+        from jaxrl_agents.rollout.scripted import accepts, oracle_for
+
+        try:
+            fn = oracle_for(self.cls)
+        except ValueError as e:
+            raise ConfigError(f"env.name={self.cls.__name__}: {e}") from e
+        kw = dict(options)
+        for name in kw:
+            if not accepts(fn, name):
+                valid = [p for p in inspect.signature(fn).parameters if p not in ("task", "rng")]
+                raise ConfigError(
+                    f"{key}.{name}: {self.cls.__name__}'s oracle_policy has no such argument; "
+                    f"valid: {', '.join(valid) or '(none)'}"
+                )
+        if rng is not None and accepts(fn, "rng"):
+            kw["rng"] = rng
+        return lambda task: fn(task, **kw)
+
+
+def resolve_env(spec: EnvSpec, *, extra_task_kwargs: dict[str, Any] | None = None) -> EnvBinding:
+    """Resolve ``env.name`` and check ``env.options`` / ``env.tasks`` against the class (one env
+    is constructed and the ``make_tasks`` signature read, so bad names fail now)."""
+    from jaxrl_agents.envs import resolve_env_class
+
+    try:
+        cls = resolve_env_class(spec.name)
+    except ValueError as e:
+        raise ConfigError(f"env.name: {e}") from e
+    kwargs = spec.env_kwargs()
+    try:
+        cls(**kwargs)  # constructor arguments checked now, not in the first episode
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"env.options: {e}") from e
+    task_kwargs = {**spec.tasks, **(extra_task_kwargs or {})}
+    params = inspect.signature(cls.make_tasks).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    bad = [k for k in task_kwargs if k not in params and not takes_any]
+    if bad:
+        valid = [p for p in params if p not in ("cls", "split", "n", "seed")]
+        raise ConfigError(
+            f"env.tasks.{bad[0]}: {cls.__name__}.make_tasks has no such argument; "
+            f"valid: {', '.join(valid) or '(none)'}"
+        )
+    return EnvBinding(cls, kwargs, task_kwargs)
+
+
+# -- model pieces ---------------------------------------------------------------------------------
+
+
+def build_tokenizer(spec: ModelSpec):
+    from jaxrl_agents.chat import load_tiny_tokenizer
+
+    path = spec.tokenizer or spec.path
+    if path is None or path == "tiny":
+        return load_tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def build_model(spec: ModelSpec, *, vocab_size: int, mesh=None, seed: int = 0):
+    """A policy from a local HF folder, or a fresh random one from ``spec.init``."""
+    from flax import nnx
+
+    from jaxrl_agents.models import ModelConfig, Transformer, load_pretrained
+    from jaxrl_agents.sharding import shard_model
+
+    if spec.path is not None:
+        model, _ = load_pretrained(
+            spec.path, mesh=mesh, dtype=spec.dtype, param_dtype=spec.param_dtype, tokenizer=False
+        )
+        return model
+    if not spec.init:
+        raise ConfigError("model.path is null and model.init is empty: give one of them")
+    cfg = ModelConfig.from_hf_config({"vocab_size": vocab_size, **spec.init})
+    names = {f.name for f in dataclasses.fields(cfg)}
+    kw = {"dtype": spec.dtype, "param_dtype": spec.param_dtype, "remat": spec.remat}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in kw.items() if k in names})
+    model = Transformer(cfg, rngs=nnx.Rngs(seed))
+    return shard_model(model, mesh) if mesh is not None else model
+
+
+def split_params(model) -> tuple[Any, Any, Any]:
+    """(graphdef, trainable params, everything else) of an NNX model."""
+    from flax import nnx
+
+    return nnx.split(model, nnx.Param, ...)
+
+
+def build_engine(model, cfg, *, mesh=None):
+    from jaxrl_agents.generation import Engine
+
+    return Engine(model, cfg, mesh=mesh)
+
+
+def build_reward(cfg):
+    from jaxrl_agents.rewards import RewardComposer
+
+    return RewardComposer(cfg)
+
+
+# -- the training system --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TrainSystem:
+    """The wired training job (see module docstring)."""
+
+    cfg: RunConfig
+    mesh: Any
+    sampler_mesh: Any
+    """Where the sampler runs: ``mesh`` with one process, else this process's block of it."""
+    tokenizer: Any
+    chat: Any
+    model: Any
+    graphdef: Any
+    rest: Any
+    env: EnvBinding
+    reward: Any
+    collector: Any
+    _sampler_rest: Any = dataclasses.field(default=None, repr=False)
+
+    @property
+    def initial_params(self) -> Any:
+        return split_params(self.model)[1]
+
+    def merged(self, params: Any) -> Any:
+        from flax import nnx
+
+        return nnx.merge(self.graphdef, params, self.rest)
+
+    def sampler_view(self, params: Any) -> Any:
+        """The policy with ``params`` on the sampler's mesh (with several processes a collective:
+        every process calls it at the same point)."""
+        from jaxrl_agents import distributed as D
+
+        if self.sampler_mesh is self.mesh:
+            return self.merged(params)
+        if self._sampler_rest is None:
+            self._sampler_rest = D.replicate_locally(self.rest, self.mesh, self.sampler_mesh)
+        from flax import nnx
+
+        local = D.replicate_locally(params, self.mesh, self.sampler_mesh)
+        return nnx.merge(self.graphdef, local, self._sampler_rest)
+
+    def engine(self, params: Any):
+        return build_engine(self.sampler_view(params), self.cfg.sampler, mesh=self.sampler_mesh)
+
+    def golden_collector(self):
+        """The collector of SFT golden data: the same rollout path, no reward."""
+        return dataclasses.replace(self.collector, reward=None)
+
+
+def check_run(cfg: RunConfig, env: EnvBinding) -> None:
+    """Cross-group checks, before anything is built or compiled; one line each."""
+    import jax
+
+    tr, r = cfg.trainer, cfg.rollout
+    try:
+        cfg.advantage.validate(group_size=r.group_size, has_turns=True)
+    except ValueError as e:
+        raise ConfigError(f"advantage.name={cfg.advantage.name}: {e}") from e
+    if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
+        raise ConfigError(f"model.path={cfg.model.path!r} is not a folder (a local HF checkpoint)")
+    if tr.sft_steps > 0:
+        env.oracle(tr.oracle)
+    nproc = jax.process_count()
+    if tr.tasks_per_step % nproc:
+        raise ConfigError(
+            f"trainer.tasks_per_step={tr.tasks_per_step} is not divisible by the number of "
+            f"processes ({nproc})"
+        )
+    if tr.sft_steps > 0 and tr.sft_batch_size % nproc:
+        raise ConfigError(
+            f"trainer.sft_batch_size={tr.sft_batch_size} is not divisible by the number of "
+            f"processes ({nproc})"
+        )
+    rows = tr.tasks_per_step // nproc * r.group_size
+    if rows % tr.minibatches:
+        raise ConfigError(
+            f"trainer.minibatches={tr.minibatches} does not divide the {rows} rows of a step "
+            f"(trainer.tasks_per_step x rollout.group_size per process); use a divisor of {rows}"
+        )
+    if (rows // tr.minibatches) % tr.microbatches:
+        raise ConfigError(
+            f"trainer.microbatches={tr.microbatches} does not divide a minibatch's "
+            f"{rows // tr.minibatches} rows"
+        )
+    if tr.sft_steps > 0 and (tr.sft_batch_size // nproc) % tr.microbatches:
+        raise ConfigError(
+            f"trainer.microbatches={tr.microbatches} does not divide the "
+            f"{tr.sft_batch_size // nproc} SFT rows per process (trainer.sft_batch_size)"
+        )
+    if r.max_total_tokens > cfg.sampler.max_seq_len:
+        raise ConfigError(
+            f"rollout.max_total_tokens={r.max_total_tokens} exceeds sampler.max_seq_len="
+            f"{cfg.sampler.max_seq_len} (the engine's per-session context); raise "
+            "sampler.max_seq_len or lower rollout.max_total_tokens"
+        )
+
+
+def build_train(cfg: RunConfig) -> TrainSystem:
+    """Check ``cfg``, then build every component of the training job (nothing compiles here)."""
+    from jaxrl_agents import distributed as D
+    from jaxrl_agents.chat import ChatFormat
+    from jaxrl_agents.rollout import Collector
+    from jaxrl_agents.sharding import make_mesh
+
+    env = resolve_env(cfg.env)
+    check_run(cfg, env)
+    mesh = make_mesh(tuple(cfg.mesh.shape))
+    tokenizer = build_tokenizer(cfg.model)
+    chat = ChatFormat(tokenizer)
+    model = build_model(cfg.model, vocab_size=len(tokenizer), mesh=mesh, seed=cfg.seed)
+    graphdef, _, rest = split_params(model)
+    reward = build_reward(cfg.reward)
+    collector = Collector(
+        chat=chat,
+        env_factory=env.factory,
+        rollout=cfg.rollout,
+        reward=reward,
+        seq_buckets=tuple(cfg.trainer.seq_buckets),
+        sharding=D.batch_sharding(mesh),
+    )
+    return TrainSystem(
+        cfg, mesh, D.local_mesh(mesh), tokenizer, chat, model, graphdef, rest, env, reward,
+        collector,
+    )  # fmt: skip

@@ -1,0 +1,19 @@
+"""``jaxrl-export``'s job: a run's checkpoint -> a Hugging Face folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jaxrl_agents.jobs.config import ExportConfig
+from jaxrl_agents.jobs.restore import load_policy
+
+
+def export_run(cfg: ExportConfig) -> tuple[Path, dict[str, Any]]:
+    """Export checkpoint ``cfg.step`` (default: newest) of ``cfg.which``; returns (folder, meta)."""
+    from jaxrl_agents.models import export_pretrained
+
+    model, tokenizer, meta = load_policy(cfg.run_dir, which=cfg.which, step=cfg.step)
+    out = Path(cfg.out or Path(cfg.run_dir) / f"hf_export_{cfg.which}")
+    export_pretrained(model, out, tokenizer=tokenizer, max_shard_size=cfg.max_shard_size)
+    return out, meta

@@ -1,0 +1,70 @@
+"""What a training run keeps besides checkpoints: named PRNG streams, the run folder's records
+(``config.json``, ``stages.json``, ``summary.json``) and the cadence of periodic work."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+PURPOSES = ("model_init", "sft_tasks", "sft_oracle", "sft_order", "rl_tasks", "rollout", "update")
+"""The run's independent random streams, one per purpose."""
+
+
+class Keys:
+    """PRNG keys split once from the run seed, one per purpose (:data:`PURPOSES`), and derived
+    per step with ``fold_in``: what step ``s`` draws depends only on ``(seed, purpose, s)``, so a
+    resumed run draws exactly what an uninterrupted one would."""
+
+    def __init__(self, seed: int):
+        split = jax.random.split(jax.random.key(seed), len(PURPOSES))
+        self._keys = dict(zip(PURPOSES, split, strict=True))
+
+    def key(self, purpose: str, step: int | None = None) -> jax.Array:
+        k = self._keys[purpose]
+        return k if step is None else jax.random.fold_in(k, step)
+
+    def seed(self, purpose: str, step: int | None = None) -> int:
+        """A 31-bit integer seed from the stream (for host-side generators and episode seeds)."""
+        bits = jax.random.bits(self.key(purpose, step), (), np.uint32)
+        return int(bits) & 0x7FFFFFFF
+
+
+def every(n: int, step: int) -> bool:
+    """Whether periodic work with period ``n`` (0: never) is due after ``step`` (1-based)."""
+    return n > 0 and step % n == 0
+
+
+class RunRecord:
+    """The run folder's JSON records; only process 0 writes."""
+
+    def __init__(self, run_dir: str | Path):
+        self.dir = Path(run_dir)
+        self.writer = jax.process_index() == 0
+        path = self.dir / "stages.json"
+        self.stages: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+
+    def _write(self, name: str, data: Any) -> None:
+        if self.writer:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / name).write_text(json.dumps(data, indent=2, default=str))
+
+    def write_config(self, cfg: Any) -> None:
+        self._write("config.json", dataclasses.asdict(cfg))
+
+    @property
+    def curve(self) -> list[dict[str, float]]:
+        return self.stages.setdefault("curve", [])
+
+    def set(self, key: str, value: Any) -> None:
+        self.stages[key] = value
+
+    def save(self) -> None:
+        self._write("stages.json", self.stages)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        self._write("summary.json", summary)

@@ -1,0 +1,323 @@
+"""The training job: SFT warm start, then multi-turn RL, with held-out checks, checkpoints,
+resume, Hugging Face export and a run summary.
+
+``train(cfg)`` runs (or resumes) the whole job for a typed :class:`RunConfig`; ``jaxrl-train`` only
+composes that config. The RL loop reads like the algorithm::
+
+    for step:
+        COLLECT    this process's share of the step's tasks x group_size episodes (Collector)
+        REWARD     compose each trajectory's reward (RewardComposer)
+        UPDATE     advantages, then epochs x minibatches of PPO-style updates: one device program
+                   (training.update)
+        PUSH       the new weights to the sampler engine
+        hooks      log, sample trajectories, held-out evaluation + keep-best, checkpoint
+
+Randomness comes from named streams (``records.Keys``) derived per step with ``fold_in``, so a
+resumed run draws what an uninterrupted one would. Checkpoints carry the stage and step; rerunning
+the same command continues from the last complete one (SFT or RL). The KL reference is the SFT
+result, restored from ``checkpoints/sft/`` after a resume.
+
+Multi-host (``jax.distributed``): every process runs this same program; the collector splits each
+step's tasks over the processes and places each process's rows into the global batch
+(``rollout.collector``), and episodes are all-gathered for logs and summaries, so every process
+reports the same numbers. Only process 0 writes logs, records and the export.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_agents import distributed as D
+from jaxrl_agents.evaluation.summary import summarize
+from jaxrl_agents.jobs.build import TrainSystem, build_train
+from jaxrl_agents.jobs.config import RunConfig
+from jaxrl_agents.jobs.records import Keys, RunRecord, every
+from jaxrl_agents.rollout.scripted import ScriptedEngine
+from jaxrl_agents.training.checkpoint import Checkpointer
+from jaxrl_agents.training.metrics import RunLogger
+from jaxrl_agents.training.objectives import sft_loss
+from jaxrl_agents.training.step import LossInputs, TrainState, init_train_state, make_train_step
+from jaxrl_agents.training.update import make_rl_update
+
+log = logging.getLogger("jaxrl_agents")
+
+
+def train(cfg: RunConfig, system: TrainSystem | None = None) -> dict[str, Any]:
+    """Run (or resume) the whole job; returns the summary written to ``summary.json``.
+
+    ``system``: the components to run with (default ``build_train(cfg)``): tests and tools pass
+    one whose collector or sampler view they instrument."""
+    D.maybe_initialize(cfg.mesh)
+    return asyncio.run(_train(cfg, system))
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+        tree,
+    )
+
+
+class _Run:
+    """The run's long-lived pieces: system, keys, records, logger, checkpoints, held-out tasks."""
+
+    def __init__(self, cfg: RunConfig, system: TrainSystem | None):
+        self.cfg, self.tr = cfg, cfg.trainer
+        self.sys: TrainSystem = system if system is not None else build_train(cfg)
+        self.keys = Keys(cfg.seed)
+        self.record = RunRecord(cfg.run_dir)
+        self.record.write_config(cfg)
+        self.logger = RunLogger(cfg.run_dir)
+        self.ckpt = Checkpointer(
+            self.record.dir / "checkpoints",
+            keep=self.tr.keep_checkpoints,
+            async_save=self.tr.async_checkpoints,
+            best_metric="heldout_success",
+        )
+        env = self.sys.env
+        self.heldout = env.tasks("heldout", self.tr.heldout_tasks, seed=cfg.seed)
+        n_train = max(self.tr.rl_steps * self.tr.tasks_per_step, 1)
+        self.train_tasks = env.tasks("train", n_train, seed=self.keys.seed("rl_tasks"))
+        opt = cfg.optimizer
+        sft_opt = dataclasses.replace(opt, lr=self.tr.sft_lr, decay_steps=self.tr.sft_steps)
+        self.sft_tx, self.rl_tx = sft_opt.build(), opt.build()
+
+    def fresh_state(self, params: Any, tx: Any) -> TrainState:
+        return D.replicated_on(init_train_state(params, tx), self.sys.mesh)
+
+    def bar(self, start: int, total: int, desc: str):
+        it = range(start, total)
+        if not self.tr.progress or jax.process_index() != 0:
+            return it
+        from tqdm.auto import tqdm
+
+        return tqdm(it, desc=desc, dynamic_ncols=True, initial=start, total=total)
+
+    async def evaluate(self, engine: Any, *, version: int) -> tuple[dict[str, Any], list]:
+        trajs = await self.sys.collector.evaluate(
+            engine, self.heldout, seed=self.cfg.seed, version=version
+        )
+        return summarize(trajs), trajs
+
+    def checkpoint(self, step: int, state: TrainState, stage: str, stage_step: int, **kw) -> None:
+        self.ckpt.save(step, state, {"stage": stage, "stage_step": stage_step}, **kw)
+
+    def offer_best(self, rl_step: int, state: TrainState, success: float) -> None:
+        """Offer the state after RL step ``rl_step`` to keep-best (kept if it beats the best)."""
+        meta = {"stage": "rl", "stage_step": rl_step}
+        self.ckpt.save_best(self.tr.sft_steps + rl_step, state, meta, {"heldout_success": success})
+
+
+async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
+    t_start = time.time()
+    run = _Run(cfg, system)
+    tr, sys = run.tr, run.sys
+    state = run.fresh_state(sys.initial_params, run.sft_tx)
+    stage, step = "sft", 0
+    if tr.resume and run.ckpt.latest_step() is not None:
+        state, meta = run.ckpt.restore(_abstract(state))
+        stage, step = meta["stage"], int(meta["stage_step"])
+        print(f"resuming from checkpoint: stage={stage} step={step}", flush=True)
+
+    async with sys.engine(state.params) as engine:
+        if stage == "sft":
+            state = await _sft(run, state, step)
+            engine.update_weights(sys.sampler_view(state.params))
+            summary, trajs = await run.evaluate(engine, version=tr.sft_steps)
+            run.record.set("sft_eval", summary)
+            run.record.save()
+            run.logger.log(0, {"heldout_success": summary["success"]}, stage="eval")
+            run.logger.trajectories(0, trajs, name="heldout_sft")
+            lo, hi = summary["success_ci95"]
+            print(f"SFT held-out success: {summary['success']:.3f} (95% CI {lo:.3f}-{hi:.3f})")
+            # RL starts from the SFT weights with a fresh optimizer.
+            state, stage, step = run.fresh_state(state.params, run.rl_tx), "rl", 0
+            run.checkpoint(tr.sft_steps, state, "rl", 0, force=True)
+            run.ckpt.save_sft(tr.sft_steps, state, {"stage": "rl", "stage_step": 0})
+            run.offer_best(0, state, summary["success"])
+        engine.update_weights(sys.sampler_view(state.params))
+        state = await _rl(run, engine, state, step)
+        run.ckpt.wait()
+        final_model = sys.sampler_view(state.params)  # also what process 0 exports
+        engine.update_weights(final_model)
+        final, trajs = await run.evaluate(engine, version=tr.sft_steps + tr.rl_steps)
+    run.offer_best(tr.rl_steps, state, final["success"])  # the last step competes too
+    run.ckpt.wait()
+    run.logger.trajectories(tr.rl_steps, trajs, name="heldout_rl_final")
+    export_dir = None
+    if tr.export and jax.process_index() == 0:
+        from jaxrl_agents.models import export_pretrained
+
+        export_dir = run.record.dir / "hf_export"
+        export_pretrained(final_model, export_dir, tokenizer=sys.tokenizer)
+    run.record.set("rl_eval", final)
+    summary = _summary(run, export_dir, time.time() - t_start, state)
+    run.logger.close()
+    run.ckpt.close()
+    return summary
+
+
+async def _sft(run: _Run, state: TrainState, start: int) -> TrainState:
+    tr, sys = run.tr, run.sys
+    if start >= tr.sft_steps:
+        return state
+    # Golden data: the env's oracle driven through the real rollout path (scripted engine).
+    rng = np.random.default_rng(run.keys.seed("sft_oracle"))
+    engine = ScriptedEngine(sys.chat, policy_factory=sys.env.oracle(tr.oracle, rng=rng))
+    tasks = sys.env.tasks("train", tr.sft_examples, seed=run.keys.seed("sft_tasks"))
+    golden = sys.golden_collector().orchestrator(engine, greedy=True, group_size=1)
+    data = [(t.token_ids, t.loss_mask) for t in await golden.run(tasks, group_size=1, seed=0)]
+    step_fn = make_train_step(
+        sys.graphdef, run.sft_tx, sft_loss(chunk=tr.logprob_chunk),
+        microbatches=tr.microbatches, rest=sys.rest,
+    )  # fmt: skip
+    order = np.random.default_rng(run.keys.seed("sft_order")).permutation(len(data))
+    # Every process holds all golden data (scripted, cheap) and packs its share of each batch.
+    share = D.even_share(tr.sft_batch_size, "trainer.sft_batch_size")
+    bar = run.bar(start, tr.sft_steps, "SFT")
+    for s in bar:
+        idx = [order[(s * tr.sft_batch_size + j) % len(data)] for j in range(tr.sft_batch_size)]
+        batch = sys.collector.sft_batch([data[i] for i in idx][share])
+        state, m = step_fn(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
+        if every(10, s + 1) or s + 1 == tr.sft_steps:
+            m = D.host_value(m)
+            run.logger.log(s + 1, m, stage="sft")
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(nll=f"{float(m['nll']):.3f}")
+        if every(tr.checkpoint_every * 5, s + 1) and s + 1 < tr.sft_steps:
+            run.checkpoint(s + 1, state, "sft", s + 1)
+    return state
+
+
+def _reference(run: _Run, state: TrainState, start: int) -> Any:
+    """The frozen KL reference: the SFT result (RL's starting point), also after a resume."""
+    if run.cfg.loss.kl_coef <= 0:
+        return None
+    if start == 0 or not run.ckpt.all_steps("sft"):
+        return jax.tree.map(jnp.copy, state.params)
+    ref, _ = run.ckpt.restore(_abstract(state), which="sft")
+    return ref.params
+
+
+async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainState:
+    cfg, tr, sys = run.cfg, run.tr, run.sys
+    group, collector = cfg.rollout.group_size, sys.collector
+    rows = tr.tasks_per_step // jax.process_count() * group  # this process's rows of each step
+    update = make_rl_update(
+        sys.graphdef, sys.rest, run.rl_tx, loss_cfg=cfg.loss, adv_cfg=cfg.advantage,
+        epochs=tr.ppo_epochs, minibatches=tr.minibatches, microbatches=tr.microbatches,
+        logprob_chunk=tr.logprob_chunk, batch_sharding=collector.sharding,
+    )  # fmt: skip
+    ref = _reference(run, state, start)
+
+    def collect(s: int, version: int):
+        """Step ``s``'s episodes, sampled with the weights after ``version`` RL updates."""
+        k = s * tr.tasks_per_step
+        tasks = [run.train_tasks[(k + j) % len(run.train_tasks)] for j in range(tr.tasks_per_step)]
+        return asyncio.ensure_future(
+            collector.collect(
+                engine, tasks, group_size=group, seed=run.keys.seed("rollout", s),
+                version=tr.sft_steps + version,
+            )
+        )  # fmt: skip
+
+    pending = collect(start, start) if start < tr.rl_steps else None
+    bar = run.bar(start, tr.rl_steps, "RL")
+    for s in bar:
+        roll = await pending  # COLLECT
+        if tr.off_policy_overlap and s + 1 < tr.rl_steps:
+            # Runs while this step trains: sampled with the weights before this step's update
+            # (staleness 1; the importance ratio uses the rollout logprobs).
+            pending = collect(s + 1, s)
+        t_train = time.perf_counter()
+        await collector.score(roll.trajectories)  # REWARD
+        db = collector.device_batch(roll, rows=rows, max_turns=cfg.rollout.max_turns)
+        state, metrics = await asyncio.to_thread(  # UPDATE: advantages + epochs x minibatches
+            update, state, db.batch, db.episodes, run.keys.key("update", s), ref
+        )
+        metrics = D.host_value(metrics.as_dict())
+        engine.update_weights(sys.sampler_view(state.params))  # PUSH
+        if not tr.off_policy_overlap and s + 1 < tr.rl_steps:
+            pending = collect(s + 1, s + 1)
+        row = _step_row(run, roll, db, metrics, time.perf_counter() - t_train, engine, s)
+        await _after_step(run, engine, state, s + 1, row, roll.trajectories, bar)
+    return state
+
+
+def _step_row(run: _Run, roll, db, metrics: dict, train_s: float, engine: Any, s: int) -> dict:
+    """The step's log row over the global batch (episodes all-gathered without token lists)."""
+    everyone = run.sys.collector.everyone(roll, slim=True)
+    stats = summarize(everyone)
+    rollout_s = float(D.gather_rows(np.array(roll.seconds)).max())
+    version = run.tr.sft_steps + s
+    return {
+        "reward": float(np.mean([t.reward for t in everyone])),
+        "success": stats["success"],
+        "mean_turns": stats["mean_turns"],
+        "mean_tool_calls": stats["mean_tool_calls"],
+        **{f"reward/{k}": v for k, v in stats["reward_terms"].items()},
+        **{f"failure/{k}": v for k, v in stats["failure_modes"].items()},
+        "rollout_s": rollout_s,
+        "train_s": train_s,
+        "gen_tok_s": db.sampled_tokens / max(rollout_s, 1e-9),
+        "truncated": db.truncated,
+        "staleness": float(np.mean([version - t.policy_version for t in everyone])),
+        "compiles": getattr(engine, "compile_count", 0),
+        **{k: float(np.asarray(v)) for k, v in metrics.items()},
+    }
+
+
+async def _after_step(run: _Run, engine, state, step: int, row: dict, trajs: list, bar) -> None:
+    """Hooks after RL step ``step`` (1-based): log, trajectories, evaluation, checkpoint."""
+    tr = run.tr
+    run.logger.log(step, row, stage="rl")
+    if hasattr(bar, "set_postfix"):
+        bar.set_postfix(reward=f"{row['reward']:.2f}", success=f"{row['success']:.2f}")
+    if every(tr.log_trajectories_every, step):
+        run.logger.trajectories(step, trajs[: min(8, len(trajs))])  # the first rows
+    point = {"step": step, "reward": row["reward"], "train_success": row["success"]}
+    if every(tr.eval_every, step) and step < tr.rl_steps:
+        summary, _ = await run.evaluate(engine, version=tr.sft_steps + step)
+        point["heldout_success"] = summary["success"]
+        run.logger.log(step, {"heldout_success": summary["success"]}, stage="eval")
+        run.offer_best(step, state, summary["success"])
+    run.record.curve.append(point)
+    if every(tr.checkpoint_every, step) or step == tr.rl_steps:
+        run.checkpoint(tr.sft_steps + step, state, "rl", step)
+        run.record.save()
+
+
+def _summary(run: _Run, export_dir, wall_s: float, state: TrainState) -> dict[str, Any]:
+    stages = run.record.stages
+    sft, rl = stages.get("sft_eval", {}), stages.get("rl_eval", {})
+    summary = {
+        "seed": run.cfg.seed,
+        "env": run.sys.env.cls.__name__,
+        "heldout_tasks": rl.get("n", 0),
+        "sft_heldout_success": sft.get("success"),
+        "sft_heldout_ci95": sft.get("success_ci95"),
+        "rl_heldout_success": rl.get("success"),
+        "rl_heldout_ci95": rl.get("success_ci95"),
+        "sft": sft,
+        "rl": rl,
+        "skipped_updates": int(D.host_value(state.skipped)),
+        "export_dir": str(export_dir) if export_dir else None,
+        "wall_s": wall_s,
+    }
+    if run.record.writer:
+        from jaxrl_agents.evaluation.plots import learning_curve
+
+        plot = run.record.dir / "learning_curve.png"
+        curve = run.record.curve
+        learning_curve(curve, plot, sft_success=sft.get("success"), rl_success=rl.get("success"))
+        summary["learning_curve"] = str(plot)
+        run.record.write_summary(summary)
+    return summary

@@ -1,0 +1,198 @@
+"""The rollout collector: tasks -> groups of episodes -> trajectories -> packed device batches.
+
+Training and evaluation both collect through here, so the :class:`Orchestrator` is constructed in
+one place (:meth:`Collector.orchestrator`) and the sampling settings come from one place (the
+``rollout`` config group: temperature, top-k, top-p, min-p; greedy for evaluation).
+
+Multi-host (``jax.distributed``): each process runs a contiguous share of the tasks, all samples
+of a task included, on its own process-local engine. :meth:`Collector.device_batch` packs this
+process's episodes into its rows of the global batch, with group and anchor ids made global
+(disjoint across processes) and one sequence bucket agreed by every process (the shapes of a
+global batch must match). :meth:`Collector.everyone` all-gathers episodes, so every process
+reports the same numbers. With one process all of this is the identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from jaxrl_agents import distributed as D
+from jaxrl_agents.rollout.orchestrator import Orchestrator, RolloutConfig
+from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch, bucket_for, pack, pack_sft
+from jaxrl_agents.types import Task, Trajectory
+
+
+class Rollout(NamedTuple):
+    """This process's episodes of one collection (ordered by task, then sample)."""
+
+    trajectories: list[Trajectory]
+    first_task: int
+    """Index of this process's first task among all processes' tasks."""
+    seconds: float
+
+
+class DeviceBatch(NamedTuple):
+    """One RL step's rows on the mesh (global arrays) plus host-side counts over all processes."""
+
+    batch: TrainBatch
+    episodes: EpisodeArrays
+    truncated: int
+    """Trajectories cut to the largest sequence bucket (all processes)."""
+    sampled_tokens: int
+    """Policy-sampled tokens in the batch (all processes)."""
+
+
+@dataclasses.dataclass
+class Collector:
+    """Runs episodes for training and evaluation and turns them into device batches.
+
+    Args:
+      chat: the policy's ``ChatFormat`` (templates, stop and pad ids).
+      env_factory: a fresh ``Env`` per episode.
+      rollout: episode limits and sampling settings.
+      reward: a ``RewardComposer`` (``acompute(traj)``), or None (no scores: SFT golden data).
+      seq_buckets: padded lengths of training rows.
+      sharding: the batch sharding of the training mesh (None: default device).
+    """
+
+    chat: Any
+    env_factory: Callable[[], Any]
+    rollout: RolloutConfig
+    reward: Any = None
+    seq_buckets: Sequence[int] = (128, 256, 384, 512)
+    sharding: Any = None
+    orchestrator_cls: ClassVar[type[Orchestrator]] = Orchestrator
+    """What :meth:`orchestrator` builds (a subclass may record or instrument episodes)."""
+
+    # -- episodes -------------------------------------------------------------------------------
+    def sampling(self, *, greedy: bool) -> Callable[[int, int], Any]:
+        """``(max_new_tokens, seed) -> SamplingParams``: the rollout group's settings, or greedy."""
+        from jaxrl_agents.generation import SamplingParams
+
+        r, stop = self.rollout, tuple(self.chat.stop_token_ids)
+
+        def make(max_new_tokens: int, seed: int) -> SamplingParams:
+            return SamplingParams(
+                temperature=0.0 if greedy else r.temperature,
+                top_p=1.0 if greedy else r.top_p,
+                top_k=0 if greedy else r.top_k,
+                min_p=0.0 if greedy else r.min_p,
+                max_new_tokens=max_new_tokens,
+                stop_token_ids=stop,
+                seed=seed,
+            )
+
+        return make
+
+    def orchestrator(
+        self, engine: Any, *, greedy: bool, version: int = 0, group_size: int | None = None
+    ) -> Orchestrator:
+        """The one place an :class:`Orchestrator` is built (episodes are scored separately)."""
+        cfg = self.rollout
+        if group_size is not None and group_size != cfg.group_size:
+            cfg = dataclasses.replace(cfg, group_size=group_size)
+        return self.orchestrator_cls(
+            engine=engine,
+            chat=self.chat,
+            env_factory=self.env_factory,
+            cfg=cfg,
+            sampling_params=self.sampling(greedy=greedy),
+            policy_version=version,
+        )
+
+    async def collect(
+        self,
+        engine: Any,
+        tasks: Sequence[Task],
+        *,
+        group_size: int,
+        seed: int,
+        version: int = 0,
+        greedy: bool = False,
+        even: bool = True,
+    ) -> Rollout:
+        """This process's share of ``tasks`` x ``group_size`` episodes (``even``: equal shares, as
+        training rows need; else shares differing by at most one task)."""
+        import time
+
+        share = D.even_share(len(tasks), "tasks") if even else D.uneven_share(len(tasks))
+        orch = self.orchestrator(engine, greedy=greedy, version=version, group_size=group_size)
+        t = time.perf_counter()
+        trajs = await orch.run(list(tasks)[share], group_size=group_size, seed=seed)
+        return Rollout(trajs, share.start, time.perf_counter() - t)
+
+    async def score(self, trajectories: Sequence[Trajectory]) -> None:
+        """REWARD: compose every trajectory's reward in place (``traj.reward``, per-turn terms)."""
+        if self.reward is None:
+            raise ValueError("this collector has no reward composer")
+        await asyncio.gather(*(self.reward.acompute(t) for t in trajectories))
+
+    async def evaluate(
+        self, engine: Any, tasks: Sequence[Task], *, seed: int, version: int = 0
+    ) -> list[Trajectory]:
+        """Greedy, one scored episode per task; every process returns all processes' episodes."""
+        roll = await self.collect(
+            engine, tasks, group_size=1, seed=seed, version=version, greedy=True, even=False
+        )
+        if self.reward is not None:
+            await self.score(roll.trajectories)
+        return self.everyone(roll)
+
+    @staticmethod
+    def everyone(roll: Rollout, *, slim: bool = False) -> list[Trajectory]:
+        """Every process's episodes in process order, group ids made global (one process:
+        ``roll.trajectories`` itself). ``slim`` drops the token lists (most of the bytes)."""
+        import jax
+
+        if jax.process_count() == 1:
+            return roll.trajectories
+        drop = {"token_ids": [], "loss_mask": [], "logprobs": []} if slim else {}
+        mine = [
+            dataclasses.replace(t, group_id=t.group_id + roll.first_task, **drop)
+            for t in roll.trajectories
+        ]
+        return [t for part in D.gather_objects(mine) for t in part]
+
+    # -- device batches ---------------------------------------------------------------------------
+    def bucket(self, longest: int) -> list[int]:
+        """The one sequence bucket every process packs to."""
+        agreed = int(D.gather_rows(np.array(max(longest, 1))).max())
+        return [bucket_for(agreed, self.seq_buckets)]
+
+    def device_batch(self, roll: Rollout, *, rows: int, max_turns: int) -> DeviceBatch:
+        """This process's episodes -> its ``rows`` rows of the global batch, placed on the mesh."""
+        import jax
+
+        trajs = roll.trajectories
+        packed = pack(
+            trajs,
+            buckets=self.bucket(max(len(t.token_ids) for t in trajs) - 1),
+            batch_size=rows,
+            max_turns=max_turns,
+            pad_id=self.chat.pad_id,
+        )
+        ep = packed.episodes
+        first_row = jax.process_index() * rows
+        n_turns = ep.anchor_ids.shape[1]
+        ep = ep._replace(
+            group_ids=ep.group_ids + first_row,
+            anchor_ids=np.where(ep.anchor_ids >= 0, ep.anchor_ids + first_row * n_turns, -1),
+        )
+        counts = D.gather_rows(np.array([packed.truncated, packed.batch.loss_mask.sum()]))
+        return DeviceBatch(
+            D.place(packed.batch, self.sharding),
+            D.place(ep, self.sharding),
+            int(counts[:, 0].sum()),
+            int(counts[:, 1].sum()),
+        )
+
+    def sft_batch(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TrainBatch:
+        """Golden ``(ids, loss_mask)`` rows (this process's share) -> a device batch."""
+        buckets = self.bucket(max(len(ids) for ids, _ in rows) - 1)
+        batch, _ = pack_sft(rows, buckets=buckets, pad_id=self.chat.pad_id)
+        return D.place(batch, self.sharding)

@@ -1,0 +1,176 @@
+"""The RL update as one jitted device program.
+
+``update(state, batch, episodes, key, ref_params) -> (state, RLMetrics)`` does, on device:
+
+1. **KL reference** (when the loss has a KL coefficient): the frozen reference's logprobs of the
+   batch; with ``kl_as_reward`` the KL becomes a per-trajectory reward penalty (``algos.kl_reward``)
+   before advantages, otherwise it is a loss term.
+2. **Advantages** with the configured estimator on the whole (global) batch, so estimators that
+   whiten or normalise over the batch see every process's rows.
+3. **K epochs x M minibatches** as one ``lax.scan``: each epoch draws a permutation of the rows
+   from ``fold_in(key, epoch)``, the minibatch rows are gathered on device, and every minibatch is
+   one optimizer update (``training.step``: micro-batch accumulation, clipping, the non-finite
+   guard) with its own aggregation denominator.
+
+Nothing goes back to the host in between; the metrics come back as one named record.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxrl_agents.algos import (
+    AdvantageConfig,
+    AdvantageInputs,
+    LossConfig,
+    aggregation_denominator,
+    compute_advantages,
+    kl_reward,
+)
+from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch
+from jaxrl_agents.training.logprobs import token_stats
+from jaxrl_agents.training.objectives import rl_loss
+from jaxrl_agents.training.step import LossInputs, TrainState, train_step_fn
+
+
+class RLMetrics(NamedTuple):
+    """One RL step's metrics (device scalars). Loss-side values are means over the step's
+    ``epochs x minibatches`` updates (``ratio_max``: their max; ``skipped``: their count);
+    a value that does not apply to the configuration (``kl`` without a reference, ``vf_*``
+    without a critic) is NaN, which the run logger leaves out."""
+
+    loss: jax.Array
+    pg_loss: jax.Array
+    clip_frac: jax.Array
+    approx_kl: jax.Array
+    ratio_mean: jax.Array
+    ratio_max: jax.Array
+    entropy: jax.Array
+    logprob_diff: jax.Array
+    kl: jax.Array
+    kl_reward: jax.Array
+    vf_loss: jax.Array
+    grad_norm: jax.Array
+    skipped: jax.Array
+    """Updates of this step dropped by the non-finite guard."""
+    adv_mean: jax.Array
+    adv_abs: jax.Array
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+_MEAN_FIELDS = (
+    "loss", "pg_loss", "clip_frac", "approx_kl", "ratio_mean", "entropy", "logprob_diff", "kl",
+    "vf_loss", "grad_norm",
+)  # fmt: skip
+
+
+def make_rl_update(
+    graphdef: nnx.GraphDef,
+    rest: Any,
+    tx: optax.GradientTransformation,
+    *,
+    loss_cfg: LossConfig,
+    adv_cfg: AdvantageConfig,
+    epochs: int,
+    minibatches: int,
+    microbatches: int,
+    logprob_chunk: int,
+    batch_sharding: Any = None,
+):
+    """Build the jitted ``update(state, batch, episodes, key, ref_params)`` (state donated).
+
+    ``batch`` / ``episodes`` are the packed device arrays of one step (``rollout.Collector``);
+    ``key`` is this step's update key; ``ref_params`` the frozen KL reference (None when the loss
+    has no KL term). Rows must divide into ``minibatches``, and a minibatch's rows into
+    ``microbatches`` (checked at start-up by the jobs).
+    """
+    step = train_step_fn(
+        graphdef, tx, rl_loss(loss_cfg, chunk=logprob_chunk), microbatches=microbatches, rest=rest
+    )
+    uses_ref = loss_cfg.kl_coef > 0
+
+    def ref_logprobs(ref_params, batch: TrainBatch) -> jax.Array:
+        model = nnx.merge(graphdef, ref_params, rest)
+        stats = token_stats(
+            model, batch.input_ids, batch.positions, batch.segment_ids, batch.target_ids,
+            chunk=logprob_chunk, with_entropy=False,
+        )  # fmt: skip
+        return jax.lax.stop_gradient(stats.logprobs)
+
+    def update(state: TrainState, batch: TrainBatch, episodes: EpisodeArrays, key, ref_params):
+        nan = jnp.full((), jnp.nan, jnp.float32)
+        rewards, kl_rew, ref_lp = episodes.rewards, nan, None
+        if uses_ref:
+            ref_lp = ref_logprobs(ref_params, batch)
+            if loss_cfg.kl_as_reward:
+                rewards, kl_traj = kl_reward(
+                    rewards,
+                    logprobs=batch.old_logprobs,
+                    ref_logprobs=ref_lp,
+                    loss_mask=batch.loss_mask,
+                    kind=loss_cfg.kl_estimator,
+                    coef=loss_cfg.kl_coef,
+                )
+                valid = episodes.row_valid
+                kl_rew = jnp.sum(kl_traj * valid) / jnp.maximum(jnp.sum(valid), 1.0)
+                ref_lp = None  # a reward penalty, not a loss term
+        adv = compute_advantages(
+            adv_cfg.name,
+            AdvantageInputs(
+                rewards=rewards,
+                group_ids=episodes.group_ids,
+                loss_mask=batch.loss_mask,
+                turn_ids=batch.turn_ids,
+                turn_rewards=episodes.turn_rewards,
+                turn_mask=episodes.turn_mask,
+                anchor_ids=episodes.anchor_ids,
+            ),
+            adv_cfg,
+        )
+        batch = batch._replace(
+            advantages=adv.advantages,
+            returns=adv.returns if adv.returns is not None else batch.returns,
+        )
+        mask = batch.loss_mask
+        n_tok = jnp.maximum(jnp.sum(mask), 1.0)
+        adv_mean = jnp.sum(adv.advantages * mask) / n_tok
+        adv_abs = jnp.sum(jnp.abs(adv.advantages) * mask) / n_tok
+
+        rows = batch.input_ids.shape[0]
+        per_mb = rows // minibatches
+        epoch_keys = jax.vmap(lambda e: jax.random.fold_in(key, e))(jnp.arange(epochs))
+        perms = jax.vmap(lambda k: jax.random.permutation(k, rows))(epoch_keys)
+        picks = perms.reshape(epochs * minibatches, per_mb)
+
+        def one_update(st: TrainState, pick):
+            take = lambda x: x[pick]
+            mb = jax.tree.map(take, batch)
+            ref_mb = None if ref_lp is None else take(ref_lp)
+            if batch_sharding is not None:
+                mb = jax.lax.with_sharding_constraint(mb, batch_sharding)
+            denom = aggregation_denominator(
+                mb.loss_mask, loss_cfg.agg_mode, max_len=loss_cfg.max_len_norm
+            )
+            st, m = step(st, mb, LossInputs(denom=denom, ref_logprobs=ref_mb))
+            return st, m
+
+        state, ms = jax.lax.scan(one_update, state, picks)
+        get = lambda name: jnp.mean(ms[name]).astype(jnp.float32) if name in ms else nan
+        metrics = RLMetrics(
+            **{name: get(name) for name in _MEAN_FIELDS},
+            ratio_max=jnp.max(ms["ratio_max"]),
+            kl_reward=kl_rew,
+            skipped=jnp.sum(ms["nonfinite"].astype(jnp.int32)),
+            adv_mean=adv_mean,
+            adv_abs=adv_abs,
+        )
+        return state, metrics
+
+    return jax.jit(update, donate_argnums=(0,))
