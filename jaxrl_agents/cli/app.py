@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -85,6 +86,9 @@ def describe(exc: BaseException) -> str | None:
     cause = exc.__cause__ if isinstance(exc, HydraException) else exc
     if isinstance(cause, OmegaConfBaseException):
         key = getattr(cause, "full_key", None) or "config"
+        override = re.search(r"override '?([\w.\[\]]+)", str(exc))
+        if override and not key.startswith(override.group(1)):
+            key = f"{override.group(1)}: {key}"  # a key inside an overridden list or mapping
         msg = _first_line(getattr(cause, "msg", None) or str(cause))
         obj = getattr(cause, "object_type", None)
         hint = ""

@@ -246,11 +246,14 @@ def build_train(cfg: RunConfig) -> TrainSystem:
     from jaxrl_agents import distributed as D
     from jaxrl_agents.chat import ChatFormat
     from jaxrl_agents.rollout import Collector
-    from jaxrl_agents.sharding import make_mesh
+    from jaxrl_agents.sharding import MeshError, make_mesh
 
     env = resolve_env(cfg.env)
     check_run(cfg, env)
-    mesh = make_mesh(tuple(cfg.mesh.shape))
+    try:
+        mesh = make_mesh(tuple(cfg.mesh.shape))
+    except MeshError as e:
+        raise ConfigError(f"mesh.shape={list(cfg.mesh.shape)}: {e}") from e
     tokenizer = build_tokenizer(cfg.model)
     chat = ChatFormat(tokenizer)
     model = build_model(cfg.model, vocab_size=len(tokenizer), mesh=mesh, seed=cfg.seed)
