@@ -135,6 +135,21 @@ def build_engine(model, cfg, *, mesh=None):
     return Engine(model, cfg, mesh=mesh)
 
 
+def generation_defaults(rollout) -> dict[str, Any]:
+    """The ``rollout`` group's sampling settings as Hugging Face ``generation_config`` entries, so
+    an exported policy samples by default the way it was trained to."""
+    if rollout.temperature == 0:
+        return {"do_sample": False}
+    out = {"do_sample": True, "temperature": rollout.temperature, "top_p": rollout.top_p}
+    if rollout.top_k > 0:
+        out["top_k"] = rollout.top_k
+    else:
+        out["top_k"] = 0  # transformers' default is 50: 0 keeps every token, as in training
+    if rollout.min_p > 0:
+        out["min_p"] = rollout.min_p
+    return out
+
+
 def build_reward(cfg):
     from jaxrl_agents.rewards import RewardComposer
 
@@ -232,6 +247,12 @@ def check_run(cfg: RunConfig, env: EnvBinding) -> None:
         raise ConfigError(
             f"trainer.microbatches={tr.microbatches} does not divide the "
             f"{tr.sft_batch_size // nproc} SFT rows per process (trainer.sft_batch_size)"
+        )
+    bad = [b for b in tr.seq_buckets if b % min(tr.logprob_chunk, b)]
+    if bad:
+        raise ConfigError(
+            f"trainer.seq_buckets={list(tr.seq_buckets)}: {bad} not a multiple of "
+            f"trainer.logprob_chunk={tr.logprob_chunk} (the log-prob computation's chunk)"
         )
     if r.max_total_tokens > cfg.sampler.max_seq_len:
         raise ConfigError(

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from jaxrl_agents.jobs.build import generation_defaults
 from jaxrl_agents.jobs.config import ExportConfig
-from jaxrl_agents.jobs.restore import load_policy
+from jaxrl_agents.jobs.restore import load_policy, load_run_config
 
 
 def export_run(cfg: ExportConfig) -> tuple[Path, dict[str, Any]]:
@@ -15,5 +16,8 @@ def export_run(cfg: ExportConfig) -> tuple[Path, dict[str, Any]]:
 
     model, tokenizer, meta = load_policy(cfg.run_dir, which=cfg.which, step=cfg.step)
     out = Path(cfg.out or Path(cfg.run_dir) / f"hf_export_{cfg.which}")
-    export_pretrained(model, out, tokenizer=tokenizer, max_shard_size=cfg.max_shard_size)
+    generation = generation_defaults(load_run_config(cfg.run_dir).rollout)
+    export_pretrained(
+        model, out, tokenizer=tokenizer, max_shard_size=cfg.max_shard_size, generation=generation
+    )
     return out, meta

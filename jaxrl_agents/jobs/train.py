@@ -37,7 +37,7 @@ import numpy as np
 
 from jaxrl_agents import distributed as D
 from jaxrl_agents.evaluation.summary import summarize
-from jaxrl_agents.jobs.build import TrainSystem, build_train
+from jaxrl_agents.jobs.build import TrainSystem, build_train, generation_defaults
 from jaxrl_agents.jobs.config import RunConfig
 from jaxrl_agents.jobs.records import Keys, RunRecord, every
 from jaxrl_agents.rollout.scripted import ScriptedEngine
@@ -157,7 +157,10 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
         from jaxrl_agents.models import export_pretrained
 
         export_dir = run.record.dir / "hf_export"
-        export_pretrained(final_model, export_dir, tokenizer=sys.tokenizer)
+        export_pretrained(
+            final_model, export_dir, tokenizer=sys.tokenizer,
+            generation=generation_defaults(cfg.rollout),
+        )  # fmt: skip
     run.record.set("rl_eval", final)
     summary = _summary(run, export_dir, time.time() - t_start, state)
     run.logger.close()

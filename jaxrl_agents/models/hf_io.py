@@ -265,8 +265,12 @@ def export_pretrained(
     tokenizer: Any = None,
     max_shard_size: int | str = "2GB",
     dtype: str | None = None,
+    generation: dict[str, Any] | None = None,
 ) -> Path:
-    """Write an HF folder: config.json, generation_config.json, safetensors (+ index), tokenizer."""
+    """Write an HF folder: config.json, generation_config.json, safetensors (+ index), tokenizer.
+
+    ``generation``: extra ``generation_config.json`` entries (e.g. the sampling settings the
+    policy was trained with: ``do_sample``, ``temperature``, ``top_p``, ``top_k``)."""
     from safetensors.numpy import save_file
 
     folder = Path(path)
@@ -302,6 +306,7 @@ def export_pretrained(
     gen = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf[k] is not None}
     if "eos_token_id" not in gen and getattr(tokenizer, "eos_token_id", None) is not None:
         gen["eos_token_id"] = tokenizer.eos_token_id
+    gen.update(generation or {})
     (folder / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder))

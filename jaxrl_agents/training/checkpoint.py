@@ -9,7 +9,7 @@ Layout of a run folder's ``checkpoints/``::
 
 orbax writes each step into a temporary folder and renames it when complete, so a run killed
 mid-save leaves an uncommitted folder that ``latest_step()`` ignores: resume falls back to the
-previous complete checkpoint. ``meta`` is JSON: stage (sft/rl), metrics, the config hash.
+previous complete checkpoint. ``meta`` is JSON: the stage (sft/rl) and the step within it.
 """
 
 from __future__ import annotations
