@@ -45,6 +45,8 @@ class OptimizerConfig:
     lr: float = 3e-4
     """Peak learning rate."""
     warmup_steps: int = 2
+    """Linear warmup over this many updates: update ``k < warmup_steps`` uses
+    ``lr * (k + 1) / (warmup_steps + 1)``, so the first update is never a no-op (0: none)."""
     decay_steps: int = 0
     """Cosine decay length after warmup (0 = constant after warmup)."""
     min_lr_ratio: float = 0.1
@@ -73,12 +75,15 @@ class OptimizerConfig:
             )
 
     def build(self) -> optax.GradientTransformation:
-        warm = optax.linear_schedule(0.0, self.lr, max(self.warmup_steps, 1))
+        w = self.warmup_steps
         if self.decay_steps > 0:
             after = optax.cosine_decay_schedule(self.lr, self.decay_steps, self.min_lr_ratio)
         else:
             after = optax.constant_schedule(self.lr)
-        sched = optax.join_schedules([warm, after], [max(self.warmup_steps, 1)])
+        sched = after
+        if w > 0:
+            warm = optax.linear_schedule(self.lr / (w + 1), self.lr * w / (w + 1), max(w - 1, 1))
+            sched = optax.join_schedules([warm, after], [w])
         parts = [optax.clip_by_global_norm(self.grad_clip)] if self.grad_clip > 0 else []
         parts.append(
             optax.adamw(sched, b1=self.b1, b2=self.b2, eps=self.eps, weight_decay=self.weight_decay)

@@ -97,3 +97,21 @@ def test_sft_loss_ignores_unmasked_tokens():
     s_a, ma = step(s_a, batch, extra)
     s_b, mb = step(s_b, noisy, extra)
     assert float(ma["loss"]) == pytest.approx(float(mb["loss"]), rel=1e-6)
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 5])
+def test_first_update_is_not_a_noop(warmup):
+    """Warmup ramps to the peak lr without a zero-lr first step (which would skip the first RL
+    update of every run)."""
+    model = ToyLM(rngs=nnx.Rngs(0))
+    gd, params, rest = nnx.split(model, nnx.Param, ...)
+    before = jax.tree.map(np.asarray, params)
+    tx = OptimizerConfig(lr=1e-2, warmup_steps=warmup, grad_clip=0.0).build()
+    step = make_train_step(gd, tx, sft_loss(chunk=8), rest=rest)
+    batch = _batch()
+    state, _ = step(init_train_state(params, tx), batch, LossInputs(jnp.sum(batch.loss_mask)))
+    moved = max(
+        float(np.max(np.abs(np.asarray(a) - b)))
+        for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(before), strict=True)
+    )
+    assert moved > 1e-4, moved
