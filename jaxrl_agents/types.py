@@ -46,6 +46,8 @@ class EndReason(str, enum.Enum):  # noqa: UP042 (StrEnum would change str())
     CONTEXT_FULL = "context_full"  # the sampler's KV cache / context window is full
     EPISODE_TIMEOUT = "episode_timeout"
     ENV_ERROR = "env_error"  # the environment itself raised (not a tool: tools fail softly)
+    REWARD_ERROR = "reward_error"  # a reward term raised or the reward was not finite: the
+    # episode is kept for the record but left out of the update
 
 
 class ToolErrorKind(str, enum.Enum):  # noqa: UP042

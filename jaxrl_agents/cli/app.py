@@ -57,8 +57,13 @@ def user_errors() -> tuple[type[Exception], ...]:
 @contextlib.contextmanager
 def reported(extra: tuple[type[Exception], ...] = ()) -> Iterator[None]:
     """Report user errors raised inside the block as ``config error: ...`` and exit 2."""
+    from jaxrl_agents.jobs.config import JobAborted
+
     try:
         yield
+    except JobAborted as e:
+        print(f"error: {_first_line(str(e))}", file=sys.stderr)
+        sys.exit(1)
     except user_errors() + extra as e:
         print(f"config error: {_first_line(str(e))}", file=sys.stderr)
         sys.exit(2)

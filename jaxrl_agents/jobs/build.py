@@ -262,19 +262,55 @@ def check_run(cfg: RunConfig, env: EnvBinding) -> None:
         )
 
 
+def _mesh(cfg: RunConfig):
+    """The training mesh, checked against the batch sizes it must split."""
+    import jax
+
+    from jaxrl_agents import distributed as D
+    from jaxrl_agents.sharding import MeshError, make_mesh
+
+    m, tr, nproc = cfg.mesh, cfg.trainer, jax.process_count()
+    devices = None
+    if m.devices is not None:
+        if m.devices < 1 or m.devices > len(jax.devices()) or nproc > 1:
+            raise ConfigError(
+                f"mesh.devices={m.devices}: must lie in [1, {len(jax.devices())}] "
+                "(and be null with several processes)"
+            )
+        devices = jax.devices()[: m.devices]
+    try:
+        mesh = make_mesh(tuple(m.shape), devices)
+    except MeshError as e:
+        raise ConfigError(f"mesh.shape={list(m.shape)}: {e}") from e
+    shards = 1
+    for axis in D.batch_axes():
+        shards *= mesh.shape[axis]
+    rows = tr.tasks_per_step * cfg.rollout.group_size
+    sizes = {
+        "a step's rows (trainer.tasks_per_step x rollout.group_size)": rows,
+        "a minibatch's rows (/ trainer.minibatches)": rows // tr.minibatches,
+    }
+    if tr.sft_steps > 0:
+        sizes["trainer.sft_batch_size"] = tr.sft_batch_size
+    for what, n in sizes.items():
+        if n % shards:
+            raise ConfigError(
+                f"{what} = {n} does not split over the {shards} batch shards of mesh.shape="
+                f"{list(m.shape)} ({' x '.join(D.batch_axes())} = {shards}); use a multiple of "
+                f"{shards} or a smaller mesh (e.g. mesh=single)"
+            )
+    return mesh
+
+
 def build_train(cfg: RunConfig) -> TrainSystem:
     """Check ``cfg``, then build every component of the training job (nothing compiles here)."""
     from jaxrl_agents import distributed as D
     from jaxrl_agents.chat import ChatFormat
     from jaxrl_agents.rollout import Collector
-    from jaxrl_agents.sharding import MeshError, make_mesh
 
     env = resolve_env(cfg.env)
     check_run(cfg, env)
-    try:
-        mesh = make_mesh(tuple(cfg.mesh.shape))
-    except MeshError as e:
-        raise ConfigError(f"mesh.shape={list(cfg.mesh.shape)}: {e}") from e
+    mesh = _mesh(cfg)
     tokenizer = build_tokenizer(cfg.model)
     chat = ChatFormat(tokenizer)
     model = build_model(cfg.model, vocab_size=len(tokenizer), mesh=mesh, seed=cfg.seed)

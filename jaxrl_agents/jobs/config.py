@@ -30,6 +30,10 @@ class ConfigError(ValueError):
     """A user-facing configuration error (names the dotted key and what is valid)."""
 
 
+class JobAborted(RuntimeError):
+    """A run stopped on purpose (e.g. too many episodes ending in errors): one line, no trace."""
+
+
 @dataclasses.dataclass
 class ModelSpec:
     """Which policy to train (Hydra group ``model``)."""
@@ -79,6 +83,8 @@ class MeshSpec:
     """Device mesh over (data, fsdp, tensor); one entry may be -1 (fill remaining devices)."""
 
     shape: list[int] = dataclasses.field(default_factory=lambda: [1, -1, 1])
+    devices: int | None = None
+    """Use only the first this many devices (one process); None: all of them."""
     coordinator_address: str | None = None
     """jax.distributed coordinator (host:port); None: from the environment / SLURM, if any."""
     num_processes: int | None = None
@@ -119,6 +125,11 @@ class TrainerSpec:
     keep_checkpoints: int = 3
     async_checkpoints: bool = True
     log_trajectories_every: int = 5
+    error_warn_frac: float = 0.05
+    """A step (or evaluation) whose share of episodes ending in ``env_error`` / ``reward_error``
+    exceeds this is reported on the console with the first error."""
+    error_abort_frac: float = 0.5
+    """...and one whose share exceeds this stops the run with one line (1.0: never)."""
     off_policy_overlap: bool = False
     """Roll out step t+1 while step t trains (one-step-stale weights; the importance ratio uses
     the rollout logprobs)."""
@@ -137,6 +148,9 @@ class TrainerSpec:
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("error_warn_frac", "error_abort_frac"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1]")
         if self.sft_lr <= 0:
             raise ValueError(f"sft_lr={self.sft_lr} must be > 0")
         if not self.seq_buckets or min(self.seq_buckets) < 2:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import sys
 import time
 from typing import Any
 
@@ -38,7 +39,7 @@ import numpy as np
 from jaxrl_agents import distributed as D
 from jaxrl_agents.evaluation.summary import summarize
 from jaxrl_agents.jobs.build import TrainSystem, build_train, generation_defaults
-from jaxrl_agents.jobs.config import RunConfig
+from jaxrl_agents.jobs.config import JobAborted, RunConfig
 from jaxrl_agents.jobs.records import Keys, RunRecord, every
 from jaxrl_agents.rollout.scripted import ScriptedEngine
 from jaxrl_agents.training.checkpoint import Checkpointer
@@ -46,8 +47,10 @@ from jaxrl_agents.training.metrics import RunLogger
 from jaxrl_agents.training.objectives import sft_loss
 from jaxrl_agents.training.step import LossInputs, TrainState, init_train_state, make_train_step
 from jaxrl_agents.training.update import make_rl_update
+from jaxrl_agents.types import EndReason
 
 log = logging.getLogger("jaxrl_agents")
+_ERRORS = (EndReason.ENV_ERROR, EndReason.REWARD_ERROR)
 
 
 def train(cfg: RunConfig, system: TrainSystem | None = None) -> dict[str, Any]:
@@ -105,7 +108,22 @@ class _Run:
         trajs = await self.sys.collector.evaluate(
             engine, self.heldout, seed=self.cfg.seed, version=version
         )
+        self.check_errors(trajs, f"held-out evaluation (policy version {version})")
         return summarize(trajs), trajs
+
+    def check_errors(self, trajs: list, where: str) -> None:
+        """Loud on the console past ``trainer.error_warn_frac``, abort past ``error_abort_frac``."""
+        bad = [t for t in trajs if t.end_reason in _ERRORS]
+        frac = len(bad) / max(len(trajs), 1)
+        if not bad or frac <= self.tr.error_warn_frac:
+            return
+        kinds = {e.value: sum(t.end_reason == e for t in bad) for e in _ERRORS}
+        first = (bad[0].error or "").strip().splitlines()[0][:300] if bad[0].error else "?"
+        line = f"{where}: {len(bad)}/{len(trajs)} episodes ended in errors {kinds}; first: {first}"
+        if frac > self.tr.error_abort_frac:
+            raise JobAborted(f"{line} (more than trainer.error_abort_frac="
+                             f"{self.tr.error_abort_frac})")  # fmt: skip
+        print(f"WARNING: {line}", file=sys.stderr, flush=True)
 
     def checkpoint(self, step: int, state: TrainState, stage: str, stage_step: int, **kw) -> None:
         self.ckpt.save(step, state, {"stage": stage, "stage_step": stage_step}, **kw)
@@ -177,7 +195,18 @@ async def _sft(run: _Run, state: TrainState, start: int) -> TrainState:
     engine = ScriptedEngine(sys.chat, policy_factory=sys.env.oracle(tr.oracle, rng=rng))
     tasks = sys.env.tasks("train", tr.sft_examples, seed=run.keys.seed("sft_tasks"))
     golden = sys.golden_collector().orchestrator(engine, greedy=True, group_size=1)
-    data = [(t.token_ids, t.loss_mask) for t in await golden.run(tasks, group_size=1, seed=0)]
+    trajs = await golden.run(tasks, group_size=1, seed=0)
+    run.check_errors(trajs, "SFT golden data")
+    data = [(t.token_ids, t.loss_mask) for t in trajs if t.end_reason == EndReason.ANSWERED]
+    if len(data) < len(trajs):
+        ends = sorted({t.end_reason.value for t in trajs if t.end_reason != EndReason.ANSWERED})
+        print(
+            f"WARNING: SFT golden data: {len(trajs) - len(data)}/{len(trajs)} oracle episodes "
+            f"ended without an answer ({', '.join(ends)}) and are left out",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+    if not data:
+        raise JobAborted("SFT golden data: no oracle episode ended with an answer")
     step_fn = make_train_step(
         sys.graphdef, run.sft_tx, sft_loss(chunk=tr.logprob_chunk),
         microbatches=tr.microbatches, rest=sys.rest,
@@ -242,6 +271,8 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
             pending = collect(s + 1, s)
         t_train = time.perf_counter()
         await collector.score(roll.trajectories)  # REWARD
+        everyone = collector.everyone(roll, slim=True)  # all processes' episodes, for the record
+        run.check_errors(everyone, f"RL step {s + 1}")
         db = collector.device_batch(roll, rows=rows, max_turns=cfg.rollout.max_turns)
         state, metrics = await asyncio.to_thread(  # UPDATE: advantages + epochs x minibatches
             update, state, db.batch, db.episodes, run.keys.key("update", s), ref
@@ -250,14 +281,13 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
         engine.update_weights(sys.sampler_view(state.params))  # PUSH
         if not tr.off_policy_overlap and s + 1 < tr.rl_steps:
             pending = collect(s + 1, s + 1)
-        row = _step_row(run, roll, db, metrics, time.perf_counter() - t_train, engine, s)
+        row = _step_row(run, roll, everyone, db, metrics, time.perf_counter() - t_train, engine, s)
         await _after_step(run, engine, state, s + 1, row, roll.trajectories, bar)
     return state
 
 
-def _step_row(run: _Run, roll, db, metrics: dict, train_s: float, engine: Any, s: int) -> dict:
+def _step_row(run: _Run, roll, everyone, db, metrics, train_s: float, engine, s: int) -> dict:
     """The step's log row over the global batch (episodes all-gathered without token lists)."""
-    everyone = run.sys.collector.everyone(roll, slim=True)
     stats = summarize(everyone)
     rollout_s = float(D.gather_rows(np.array(roll.seconds)).max())
     version = run.tr.sft_steps + s
@@ -272,6 +302,8 @@ def _step_row(run: _Run, roll, db, metrics: dict, train_s: float, engine: Any, s
         "train_s": train_s,
         "gen_tok_s": db.sampled_tokens / max(rollout_s, 1e-9),
         "truncated": db.truncated,
+        "dropped": db.dropped,
+        "env_errors": sum(t.end_reason == EndReason.ENV_ERROR for t in everyone),
         "staleness": float(np.mean([version - t.policy_version for t in everyone])),
         "compiles": getattr(engine, "compile_count", 0),
         **{k: float(np.asarray(v)) for k, v in metrics.items()},

@@ -24,7 +24,7 @@ import numpy as np
 from jaxrl_agents import distributed as D
 from jaxrl_agents.rollout.orchestrator import Orchestrator, RolloutConfig
 from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch, bucket_for, pack, pack_sft
-from jaxrl_agents.types import Task, Trajectory
+from jaxrl_agents.types import EndReason, Task, Trajectory
 
 
 class Rollout(NamedTuple):
@@ -45,6 +45,14 @@ class DeviceBatch(NamedTuple):
     """Trajectories cut to the largest sequence bucket (all processes)."""
     sampled_tokens: int
     """Policy-sampled tokens in the batch (all processes)."""
+    dropped: int
+    """Episodes left out of the update (all processes): ``reward_error`` or no tokens at all."""
+
+
+def trainable(traj: Trajectory) -> bool:
+    """Whether an episode takes part in the update: it has tokens and a finite, computed reward
+    (``reward_error`` episodes are kept for the record only)."""
+    return traj.end_reason != EndReason.REWARD_ERROR and len(traj.token_ids) >= 2
 
 
 @dataclasses.dataclass
@@ -130,7 +138,9 @@ class Collector:
         """REWARD: compose every trajectory's reward in place (``traj.reward``, per-turn terms)."""
         if self.reward is None:
             raise ValueError("this collector has no reward composer")
-        await asyncio.gather(*(self.reward.acompute(t) for t in trajectories))
+        from jaxrl_agents.rollout.orchestrator import score_episode
+
+        await asyncio.gather(*(score_episode(self.reward.acompute, t) for t in trajectories))
 
     async def evaluate(
         self, engine: Any, tasks: Sequence[Task], *, seed: int, version: int = 0
@@ -168,7 +178,13 @@ class Collector:
         """This process's episodes -> its ``rows`` rows of the global batch, placed on the mesh."""
         import jax
 
-        trajs = roll.trajectories
+        keep = [trainable(t) for t in roll.trajectories]
+        pad = [self.chat.pad_id] * 2
+        trajs = [
+            t if ok else dataclasses.replace(t, token_ids=pad, loss_mask=[0, 0], logprobs=[0, 0],
+                                             turns=[], reward=0.0)
+            for t, ok in zip(roll.trajectories, keep, strict=True)
+        ]  # fmt: skip
         packed = pack(
             trajs,
             buckets=self.bucket(max(len(t.token_ids) for t in trajs) - 1),
@@ -176,19 +192,29 @@ class Collector:
             max_turns=max_turns,
             pad_id=self.chat.pad_id,
         )
-        ep = packed.episodes
+        b, ep = packed.batch, packed.episodes
+        out = [i for i, ok in enumerate(keep) if not ok]
+        if out:  # masked rows in singleton groups: no loss, no share in any group baseline
+            b.loss_mask[out], b.turn_ids[out] = 0.0, -1
+            ep.row_valid[out], ep.rewards[out], ep.turn_rewards[out] = 0.0, 0.0, 0.0
+            ep.anchor_ids[out] = -1
+            kept = [i for i, ok in enumerate(keep) if ok]
+            used = {int(g) for g in ep.group_ids[kept]}
+            others = [i for i in range(rows) if i not in set(kept)]  # dropped + padding rows
+            ep.group_ids[others] = [g for g in range(rows) if g not in used][: len(others)]
         first_row = jax.process_index() * rows
         n_turns = ep.anchor_ids.shape[1]
         ep = ep._replace(
             group_ids=ep.group_ids + first_row,
             anchor_ids=np.where(ep.anchor_ids >= 0, ep.anchor_ids + first_row * n_turns, -1),
         )
-        counts = D.gather_rows(np.array([packed.truncated, packed.batch.loss_mask.sum()]))
+        counts = D.gather_rows(np.array([packed.truncated, b.loss_mask.sum(), len(out)]))
         return DeviceBatch(
-            D.place(packed.batch, self.sharding),
+            D.place(b, self.sharding),
             D.place(ep, self.sharding),
             int(counts[:, 0].sum()),
             int(counts[:, 1].sum()),
+            int(counts[:, 2].sum()),
         )
 
     def sft_batch(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TrainBatch:

@@ -103,6 +103,27 @@ def episode_seed(seed: int, task_id: str, sample_index: int) -> int:
     return zlib.crc32(f"{seed}/{task_id}/{sample_index}".encode()) & 0x7FFFFFFF
 
 
+async def score_episode(reward_fn: Callable[[Trajectory], Any], traj: Trajectory) -> None:
+    """Apply ``reward_fn`` (e.g. ``RewardComposer.acompute``) to one trajectory. A term that
+    raises, or a total that is not finite, ends the episode as ``reward_error`` (reward 0, the
+    error recorded): it is left out of the update instead of poisoning the whole batch."""
+    import math
+
+    try:
+        out = reward_fn(traj)
+        if asyncio.iscoroutine(out):
+            await out
+        if not math.isfinite(traj.reward):
+            raise ValueError(f"non-finite reward {traj.reward} (terms {traj.reward_terms})")
+    except Exception as e:  # noqa: BLE001 - one bad episode must not end the step
+        was = traj.end_reason.value
+        traj.end_reason, traj.reward = EndReason.REWARD_ERROR, 0.0
+        traj.reward_terms = {}
+        for turn in traj.turns:
+            turn.reward_terms = {}
+        traj.error = (traj.error or "") + f"reward failed ({was}): {type(e).__name__}: {e}"
+
+
 def decode_sampled(chat: Any, ids: Sequence[int]) -> str:
     """Readable text of a sampled turn for the env (stop tokens dropped, markup tokens kept)."""
     stop = set(chat.stop_token_ids)
@@ -164,28 +185,36 @@ class Orchestrator:
         self, task: Task, *, group_id: int = 0, sample_index: int = 0, seed: int = 0
     ) -> Trajectory:
         st = _EpisodeState(task, group_id, sample_index)
-        env = self.env_factory()
         t0 = time.perf_counter()
         ep_seed = episode_seed(seed, task.id, sample_index)
         try:
-            async with asyncio.timeout(self.cfg.episode_timeout_s):
-                await self._episode(st, env, ep_seed)
-        except TimeoutError:
-            st.end = EndReason.EPISODE_TIMEOUT
-        except Exception as e:  # noqa: BLE001 - the env (not a tool) failed: end softly, keep data
+            env = self.env_factory()
+        except Exception as e:  # noqa: BLE001 - an env that cannot be built ends this episode only
+            env = None
             st.end = EndReason.ENV_ERROR
-            st.error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
-        verdict = None
-        try:
-            async with asyncio.timeout(max(1.0, self.cfg.episode_timeout_s / 4)):
-                verdict = await env.verify()
-        except Exception as e:  # noqa: BLE001
-            st.error = (st.error or "") + f"verify failed: {type(e).__name__}: {e}"
-        finally:
+            st.error = f"env construction failed: {type(e).__name__}: {e}"
+        if env is not None:
             try:
-                await env.close()
-            except Exception:  # noqa: BLE001 - closing must never lose the trajectory
-                pass
+                async with asyncio.timeout(self.cfg.episode_timeout_s):
+                    await self._episode(st, env, ep_seed)
+            except TimeoutError:
+                st.end = EndReason.EPISODE_TIMEOUT
+            except Exception as e:  # noqa: BLE001 - the env (not a tool) failed: end softly
+                st.end = EndReason.ENV_ERROR
+                st.error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
+        verdict = None
+        if env is not None:
+            try:
+                async with asyncio.timeout(max(1.0, self.cfg.episode_timeout_s / 4)):
+                    verdict = await env.verify()
+            except Exception as e:  # noqa: BLE001
+                st.error = (st.error or "") + f"verify failed: {type(e).__name__}: {e}"
+            finally:
+                try:
+                    async with asyncio.timeout(max(1.0, self.cfg.episode_timeout_s / 4)):
+                        await env.close()
+                except Exception:  # noqa: BLE001 - closing must never lose the trajectory
+                    pass
         st.timings["wall_s"] = time.perf_counter() - t0
         traj = Trajectory(
             task=task,
@@ -205,9 +234,7 @@ class Orchestrator:
             error=st.error,
         )
         if self.reward_fn is not None:
-            out = self.reward_fn(traj)
-            if asyncio.iscoroutine(out):
-                await out
+            await score_episode(self.reward_fn, traj)
         return traj
 
     async def _episode(self, st: _EpisodeState, env: Any, ep_seed: int) -> None:
@@ -280,6 +307,14 @@ class Orchestrator:
         finally:
             await session.close()
 
+    def _failed(self, task: Task, group_id: int, k: int, e: Exception) -> Trajectory:
+        return Trajectory(
+            task=task, messages=[], tools=[], token_ids=[], loss_mask=[], logprobs=[],
+            prompt_len=0, turns=[], end_reason=EndReason.ENV_ERROR, group_id=group_id,
+            sample_index=k, policy_version=self.policy_version,
+            error=f"episode failed: {type(e).__name__}: {e}",
+        )  # fmt: skip
+
     # -- many episodes ------------------------------------------------------------------
     async def run(
         self,
@@ -295,7 +330,12 @@ class Orchestrator:
 
         async def one(task_index: int, task: Task, k: int) -> Trajectory:
             async with limiter:
-                traj = await self.run_episode(task, group_id=task_index, sample_index=k, seed=seed)
+                try:
+                    traj = await self.run_episode(
+                        task, group_id=task_index, sample_index=k, seed=seed
+                    )
+                except Exception as e:  # noqa: BLE001 - never let one episode end the batch
+                    traj = self._failed(task, task_index, k, e)
             if progress is not None:
                 progress(traj)
             return traj

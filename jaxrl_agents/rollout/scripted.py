@@ -93,13 +93,22 @@ SCRIPTED_POLICIES = ("oracle", "wrong", "loop")
 def oracle_for(env_cls: type) -> Callable[..., Policy]:
     """The scripted solver of an env: ``Env.oracle_policy`` or its module's ``oracle_policy``
     (``task, **kw -> policy``). Raises ``ValueError`` when the env has none."""
-    import importlib
-
-    fn = getattr(env_cls, "oracle_policy", None) or getattr(
-        importlib.import_module(env_cls.__module__), "oracle_policy", None
-    )
+    fn = _module_policy(env_cls, "oracle_policy")
     if fn is None:
         raise ValueError(f"{env_cls.__name__} has no oracle_policy: SFT needs golden trajectories")
+    return fn
+
+
+def _module_policy(env_cls: type, name: str) -> Callable[..., Policy] | None:
+    """``name`` as an attribute of the env class, else of the module of the first class in its
+    MRO that defines it (a subclass of a built-in env inherits its scripted policies)."""
+    import importlib
+
+    fn = getattr(env_cls, name, None)
+    for klass in env_cls.__mro__:
+        if fn is not None:
+            break
+        fn = getattr(importlib.import_module(klass.__module__), name, None)
     return fn
 
 
@@ -122,7 +131,7 @@ def scripted_factory(name: str, env_cls: type) -> Callable[[Task], Policy]:
     if name == "oracle":
         return oracle_for(env_cls)
     if name == "wrong":
-        fn = getattr(importlib.import_module(env_cls.__module__), "wrong_policy", None)
+        fn = _module_policy(env_cls, "wrong_policy")
         if fn is None:
             raise ValueError(f"{env_cls.__name__}'s module has no wrong_policy")
         return fn
