@@ -31,6 +31,7 @@ def _main(tree) -> None:
     # Hydra configured logging just now; JAX's backend probing is noise at INFO.
     logging.getLogger("jax").setLevel(logging.WARNING)
     with reported():
+        _sweep_run_dir(tree)
         cfg = to_run_config(tree)
         summary = train(cfg)
     print(format_summary(summary))
@@ -39,6 +40,22 @@ def _main(tree) -> None:
     if summary.get("export_dir"):
         print(f"Hugging Face export: {summary['export_dir']}")
     print(f"run folder: {Path(cfg.run_dir).resolve()}")
+
+
+def _sweep_run_dir(tree) -> None:
+    """In a multirun (``-m``, basic or SLURM launcher) every job trains in its own folder, the
+    sweep's subfolder named after the job's overrides (``multirun/<name>/advantage=grpo,seed=0``),
+    unless the command sets ``run_dir`` itself (then the run folder's config check refuses a
+    second, different job in it)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return
+    if any(o.split("=", 1)[0].lstrip("+~") == "run_dir" for o in hc.overrides.task):
+        return
+    tree.run_dir = hc.runtime.output_dir
 
 
 def format_summary(summary: dict) -> str:

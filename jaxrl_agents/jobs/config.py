@@ -134,6 +134,11 @@ class TrainerSpec:
     """Roll out step t+1 while step t trains (one-step-stale weights; the importance ratio uses
     the rollout logprobs)."""
     resume: bool = True
+    """Rerunning into a run folder with checkpoints continues from the newest one (false: refuse
+    to touch such a folder)."""
+    allow_config_change: bool = False
+    """Resume even though the config differs from the one the run folder was made with (by
+    default that is refused in one line naming the differing keys)."""
     export: bool = True
     progress: bool = True
 

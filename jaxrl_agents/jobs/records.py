@@ -34,6 +34,20 @@ class Keys:
         return int(bits) & 0x7FFFFFFF
 
 
+_RESUME_FREE = {"trainer.progress", "trainer.allow_config_change"}
+"""Keys that may change between a run and its resume without a word."""
+
+
+def _diff(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: dict[str, tuple[Any, Any]] = {}
+        for k in sorted(set(old) | set(new)):
+            key = f"{prefix}.{k}" if prefix else str(k)
+            out.update(_diff(old.get(k, "<absent>"), new.get(k, "<absent>"), key))
+        return out
+    return {} if old == new else {prefix: (old, new)}
+
+
 def every(n: int, step: int) -> bool:
     """Whether periodic work with period ``n`` (0: never) is due after ``step`` (1-based)."""
     return n > 0 and step % n == 0
@@ -55,6 +69,34 @@ class RunRecord:
 
     def write_config(self, cfg: Any) -> None:
         self._write("config.json", dataclasses.asdict(cfg))
+
+    def check_config(self, cfg: Any, *, has_checkpoints: bool) -> None:
+        """Refuse (one line, before anything is written) to continue a run folder with another
+        config than the one it was made with, or with ``trainer.resume=false``."""
+        from jaxrl_agents.jobs.config import ConfigError
+
+        path = self.dir / "config.json"
+        if not has_checkpoints or not path.exists():
+            return
+        if not cfg.trainer.resume:
+            raise ConfigError(
+                f"run_dir={str(self.dir)!r} already holds checkpoints and trainer.resume=false: "
+                "use a new run_dir (or delete the folder) to start over"
+            )
+        # The config as the folder would record it now (JSON round trip: tuples -> lists).
+        new = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+        diffs = [
+            f"{k}: {a!r} -> {b!r}"
+            for k, (a, b) in _diff(json.loads(path.read_text()), new).items()
+            if k not in _RESUME_FREE
+        ]
+        if diffs and not cfg.trainer.allow_config_change:
+            shown = "; ".join(diffs[:6]) + (f"; ... ({len(diffs)} keys)" if len(diffs) > 6 else "")
+            raise ConfigError(
+                f"run_dir={str(self.dir)!r} was made with a different config ({shown}): rerun "
+                "with the same config to resume, use a new run_dir, or pass "
+                "trainer.allow_config_change=true to resume anyway"
+            )
 
     @property
     def curve(self) -> list[dict[str, float]]:

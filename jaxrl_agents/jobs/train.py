@@ -62,6 +62,11 @@ def train(cfg: RunConfig, system: TrainSystem | None = None) -> dict[str, Any]:
     return asyncio.run(_train(cfg, system))
 
 
+def _has_steps(ckpt_dir) -> bool:
+    """Whether a checkpoint set under ``ckpt_dir`` holds a step folder (complete or not)."""
+    return any(p.name.isdigit() for sub in ("latest", "sft") for p in (ckpt_dir / sub).glob("*"))
+
+
 def _abstract(tree: Any) -> Any:
     return jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
@@ -77,10 +82,12 @@ class _Run:
         self.sys: TrainSystem = system if system is not None else build_train(cfg)
         self.keys = Keys(cfg.seed)
         self.record = RunRecord(cfg.run_dir)
+        ckpt_dir = self.record.dir / "checkpoints"
+        self.record.check_config(cfg, has_checkpoints=_has_steps(ckpt_dir))  # before any write
         self.record.write_config(cfg)
         self.logger = RunLogger(cfg.run_dir)
         self.ckpt = Checkpointer(
-            self.record.dir / "checkpoints",
+            ckpt_dir,
             keep=self.tr.keep_checkpoints,
             async_save=self.tr.async_checkpoints,
             best_metric="heldout_success",
@@ -143,6 +150,7 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
     if tr.resume and run.ckpt.latest_step() is not None:
         state, meta = run.ckpt.restore(_abstract(state))
         stage, step = meta["stage"], int(meta["stage_step"])
+        run.logger.truncate_after(stage, step)  # rows logged after that checkpoint come again
         print(f"resuming from checkpoint: stage={stage} step={step}", flush=True)
 
     async with sys.engine(state.params) as engine:
@@ -180,6 +188,7 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
             generation=generation_defaults(cfg.rollout),
         )  # fmt: skip
     run.record.set("rl_eval", final)
+    run.record.save()
     summary = _summary(run, export_dir, time.time() - t_start, state)
     run.logger.close()
     run.ckpt.close()
@@ -229,6 +238,11 @@ async def _sft(run: _Run, state: TrainState, start: int) -> TrainState:
     return state
 
 
+def _checksum(params: Any) -> float:
+    """Sum of every parameter in float64: equal for equal parameters (a record, not a hash)."""
+    return float(sum(np.asarray(D.host_value(x), np.float64).sum() for x in jax.tree.leaves(params)))
+
+
 def _reference(run: _Run, state: TrainState, start: int) -> Any:
     """The frozen KL reference: the SFT result (RL's starting point), also after a resume."""
     if run.cfg.loss.kl_coef <= 0:
@@ -249,6 +263,9 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
         logprob_chunk=tr.logprob_chunk, batch_sharding=collector.sharding,
     )  # fmt: skip
     ref = _reference(run, state, start)
+    if ref is not None:
+        run.record.set("kl_reference", {"from": "sft" if start else "rl_start",
+                                        "checksum": _checksum(ref)})  # fmt: skip
 
     def collect(s: int, version: int):
         """Step ``s``'s episodes, sampled with the weights after ``version`` RL updates."""

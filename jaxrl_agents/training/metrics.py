@@ -50,6 +50,23 @@ class RunLogger:
         for k, v in clean.items():
             self._tb.add_scalar(f"{stage}/{k}", v, int(step))
 
+    def truncate_after(self, stage: str, step: int) -> None:
+        """Drop the rows a resumed run will log again: those after checkpoint ``(stage, step)``
+        (SFT rows past ``step``, or RL / eval rows past RL step ``step``)."""
+        path = self.dir / "metrics.jsonl"
+        if not self.enabled or not path.exists():
+            return
+
+        def before(row: dict[str, Any]) -> bool:
+            if stage == "sft":
+                return row["stage"] == "sft" and row["step"] <= step
+            return row["stage"] == "sft" or row["step"] <= step
+
+        rows = read_metrics(path)
+        kept = [r for r in rows if before(r)]
+        if len(kept) < len(rows):
+            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
     def trajectories(
         self, step: int, trajs: Sequence[Trajectory], *, name: str = "samples"
     ) -> None:
