@@ -240,7 +240,8 @@ async def _sft(run: _Run, state: TrainState, start: int) -> TrainState:
 
 def _checksum(params: Any) -> float:
     """Sum of every parameter in float64: equal for equal parameters (a record, not a hash)."""
-    return float(sum(np.asarray(D.host_value(x), np.float64).sum() for x in jax.tree.leaves(params)))
+    leaves = jax.tree.leaves(params)
+    return float(sum(np.asarray(D.host_value(x), np.float64).sum() for x in leaves))
 
 
 def _reference(run: _Run, state: TrainState, start: int) -> Any:

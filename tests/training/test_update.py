@@ -30,7 +30,6 @@ from jaxrl_agents.training.step import (
 )
 from jaxrl_agents.training.update import RLMetrics, make_rl_update
 
-
 B, T, G = 8, 16, 4
 
 
