@@ -38,7 +38,7 @@ class EnvBinding:
     def label(self) -> str:
         return f"{self.cls.__module__}.{self.cls.__name__}"
 
-    def oracle(self, options: dict[str, Any], *, rng: Any = None, key: str = "trainer.oracle"):
+    def oracle(self, options: dict[str, Any], *, rng: Any = None, key: str = "env.oracle"):
         """``task -> policy`` of the env's scripted solver with ``options`` (checked by name)."""
         from jaxrl_agents.rollout.scripted import accepts, oracle_for
 
@@ -175,6 +175,9 @@ class TrainSystem:
     env: EnvBinding
     reward: Any
     collector: Any
+    loss: Any
+    """The policy loss as trained (``cfg.loss`` with derived defaults filled in, see
+    :func:`effective_loss`)."""
     _sampler_rest: Any = dataclasses.field(default=None, repr=False)
 
     @property
@@ -208,6 +211,18 @@ class TrainSystem:
         return dataclasses.replace(self.collector, reward=None)
 
 
+def seq_buckets(cfg: RunConfig) -> list[int]:
+    """``trainer.seq_buckets``, or the ladder 128, 192, 256, 384, 512, 768, ... up to the first
+    length that holds ``rollout.max_total_tokens``."""
+    if cfg.trainer.seq_buckets is not None:
+        return sorted(cfg.trainer.seq_buckets)
+    out, n = [128], 128
+    while out[-1] < cfg.rollout.max_total_tokens:
+        n = n * 3 // 2 if n & (n - 1) == 0 else n * 4 // 3
+        out.append(n)
+    return out
+
+
 def check_run(cfg: RunConfig, env: EnvBinding) -> None:
     """Cross-group checks, before anything is built or compiled; one line each."""
     import jax
@@ -220,7 +235,7 @@ def check_run(cfg: RunConfig, env: EnvBinding) -> None:
     if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
         raise ConfigError(f"model.path={cfg.model.path!r} is not a folder (a local HF checkpoint)")
     if tr.sft_steps > 0:
-        env.oracle(tr.oracle)
+        env.oracle(cfg.env.oracle)
     nproc = jax.process_count()
     if tr.tasks_per_step % nproc:
         raise ConfigError(
@@ -248,10 +263,10 @@ def check_run(cfg: RunConfig, env: EnvBinding) -> None:
             f"trainer.microbatches={tr.microbatches} does not divide the "
             f"{tr.sft_batch_size // nproc} SFT rows per process (trainer.sft_batch_size)"
         )
-    bad = [b for b in tr.seq_buckets if b % min(tr.logprob_chunk, b)]
+    bad = [b for b in seq_buckets(cfg) if b % min(tr.logprob_chunk, b)]
     if bad:
         raise ConfigError(
-            f"trainer.seq_buckets={list(tr.seq_buckets)}: {bad} not a multiple of "
+            f"trainer.seq_buckets={list(seq_buckets(cfg))}: {bad} not a multiple of "
             f"trainer.logprob_chunk={tr.logprob_chunk} (the log-prob computation's chunk)"
         )
     if r.max_total_tokens > cfg.sampler.max_seq_len:
@@ -302,6 +317,78 @@ def _mesh(cfg: RunConfig):
     return mesh
 
 
+def effective_loss(cfg: RunConfig):
+    """``cfg.loss`` with ``max_len_norm: null`` resolved for ``seq-mean-token-sum-norm``: the
+    episode's generation budget (``rollout.max_turns x rollout.max_new_tokens``), a constant, so
+    the loss scale never follows the padded length bucket a batch happens to land in."""
+    loss = cfg.loss
+    if loss.agg_mode == "seq-mean-token-sum-norm" and loss.max_len_norm is None:
+        budget = cfg.rollout.max_turns * cfg.rollout.max_new_tokens
+        loss = dataclasses.replace(loss, max_len_norm=budget)
+    return loss
+
+
+async def check_oracle_fits(system: TrainSystem, *, n: int = 16) -> dict[str, int]:
+    """Run the env's oracle (with ``env.oracle`` options) on ``n`` train tasks without limits,
+    through the policy's chat format, and stop with one line when the configured limits cannot
+    hold its episodes (otherwise SFT would learn cut-off trajectories and RL could never finish
+    one). Returns what the episodes need."""
+    from jaxrl_agents.rollout import RolloutConfig, ScriptedEngine
+    from jaxrl_agents.types import EndReason
+
+    cfg, env = system.cfg, system.env
+    if cfg.trainer.sft_steps == 0:
+        try:
+            env.oracle(cfg.env.oracle)
+        except ConfigError:
+            return {}  # no oracle and no SFT: nothing to measure against
+    free = RolloutConfig(
+        group_size=1,
+        max_turns=64,
+        max_new_tokens=1 << 16,
+        max_total_tokens=1 << 22,
+        episode_timeout_s=cfg.rollout.episode_timeout_s,
+    )
+    import numpy as np
+
+    engine = ScriptedEngine(
+        system.chat, policy_factory=env.oracle(cfg.env.oracle, rng=np.random.default_rng(0))
+    )
+    collector = dataclasses.replace(system.collector, rollout=free, reward=None)
+    orch = collector.orchestrator(engine, greedy=True, group_size=1)
+    trajs = await orch.run(env.tasks("train", n, seed=0), group_size=1, seed=0)
+    done = [t for t in trajs if t.end_reason == EndReason.ANSWERED and t.turns]
+    name = env.cls.__name__
+    if not done:
+        first = next((t.error for t in trajs if t.error), "") or ""
+        raise ConfigError(
+            f"env.name={cfg.env.name}: {name}'s oracle answered none of {n} tasks without limits "
+            f"(ends: {sorted({t.end_reason.value for t in trajs})}) {first.splitlines()[:1]}"
+        )
+    need = {
+        "turns": max(len(t.turns) for t in done),
+        "turn_tokens": max(tt.end - tt.start for t in done for tt in t.turns),
+        "total_tokens": max(len(t.token_ids) for t in done),
+    }
+    r = cfg.rollout
+    checks = [
+        ("rollout.max_turns", r.max_turns, need["turns"], "turns"),
+        ("rollout.max_new_tokens", r.max_new_tokens, need["turn_tokens"], "tokens in a turn"),
+        ("rollout.max_total_tokens", r.max_total_tokens, need["total_tokens"], "tokens in all"),
+        ("sampler.max_seq_len", cfg.sampler.max_seq_len, need["total_tokens"], "tokens in all"),
+        ("trainer.seq_buckets (largest)", max(seq_buckets(cfg)), need["total_tokens"] - 1,
+         "training positions"),
+    ]  # fmt: skip
+    for key, have, needed, what in checks:
+        if have < needed:
+            raise ConfigError(
+                f"{key}={have} cannot hold {name}'s oracle episodes: they need up to {needed} "
+                f"{what} (measured on {len(done)} train tasks with the policy's tokenizer); raise "
+                f"{key.split(' ')[0]} to at least {needed}"
+            )
+    return need
+
+
 def build_train(cfg: RunConfig) -> TrainSystem:
     """Check ``cfg``, then build every component of the training job (nothing compiles here)."""
     from jaxrl_agents import distributed as D
@@ -321,10 +408,10 @@ def build_train(cfg: RunConfig) -> TrainSystem:
         env_factory=env.factory,
         rollout=cfg.rollout,
         reward=reward,
-        seq_buckets=tuple(cfg.trainer.seq_buckets),
+        seq_buckets=tuple(seq_buckets(cfg)),
         sharding=D.batch_sharding(mesh),
     )
     return TrainSystem(
         cfg, mesh, D.local_mesh(mesh), tokenizer, chat, model, graphdef, rest, env, reward,
-        collector,
+        collector, effective_loss(cfg),
     )  # fmt: skip

@@ -72,6 +72,10 @@ class EnvSpec(EnvConfig):
     """Keyword arguments of the env class beyond ``EnvConfig`` (e.g. sql's ``max_rows``)."""
     tasks: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments of ``make_tasks`` (e.g. calculator's ``two_step_frac``)."""
+    oracle: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the env's scripted solver ``oracle_policy`` that writes the SFT
+    golden data (e.g. the calculator's ``premature_prob`` / ``premature_words``: an annotator
+    that sometimes answers too early)."""
 
     def env_kwargs(self) -> dict[str, Any]:
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(EnvConfig)}
@@ -102,9 +106,6 @@ class TrainerSpec:
     sft_lr: float = 1e-3
     """Peak learning rate of SFT (the ``optimizer`` group's other fields apply; cosine decay over
     ``sft_steps``)."""
-    oracle: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Keyword arguments of the env's ``oracle_policy`` for the SFT data (e.g. the calculator's
-    ``premature_prob`` / ``premature_words``: golden data that sometimes answers too early)."""
     rl_steps: int = 30
     tasks_per_step: int = 8
     """Tasks per RL step; each is sampled ``rollout.group_size`` times."""
@@ -114,8 +115,9 @@ class TrainerSpec:
     split into this many; it must divide)."""
     microbatches: int = 1
     """Gradient-accumulation micro-batches per update (must divide a minibatch's rows)."""
-    seq_buckets: list[int] = dataclasses.field(default_factory=lambda: [128, 256, 384, 512])
-    """Padded lengths of training rows (one train-step program each)."""
+    seq_buckets: list[int] | None = None
+    """Padded lengths of training rows (one train-step program each). None: 128, 192, 256, 384,
+    512, 768, ... up to the first that holds ``rollout.max_total_tokens``."""
     logprob_chunk: int = 128
     """Vocabulary projection chunk of the log-prob computation (memory)."""
     eval_every: int = 10
@@ -158,8 +160,8 @@ class TrainerSpec:
                 raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1]")
         if self.sft_lr <= 0:
             raise ValueError(f"sft_lr={self.sft_lr} must be > 0")
-        if not self.seq_buckets or min(self.seq_buckets) < 2:
-            raise ValueError(f"seq_buckets={self.seq_buckets}: need lengths >= 2")
+        if self.seq_buckets is not None and (not self.seq_buckets or min(self.seq_buckets) < 2):
+            raise ValueError(f"seq_buckets={self.seq_buckets}: need lengths >= 2 (or null)")
 
 
 @dataclasses.dataclass

@@ -38,7 +38,12 @@ import numpy as np
 
 from jaxrl_agents import distributed as D
 from jaxrl_agents.evaluation.summary import summarize
-from jaxrl_agents.jobs.build import TrainSystem, build_train, generation_defaults
+from jaxrl_agents.jobs.build import (
+    TrainSystem,
+    build_train,
+    check_oracle_fits,
+    generation_defaults,
+)
 from jaxrl_agents.jobs.config import JobAborted, RunConfig
 from jaxrl_agents.jobs.records import Keys, RunRecord, every
 from jaxrl_agents.rollout.scripted import ScriptedEngine
@@ -77,9 +82,9 @@ def _abstract(tree: Any) -> Any:
 class _Run:
     """The run's long-lived pieces: system, keys, records, logger, checkpoints, held-out tasks."""
 
-    def __init__(self, cfg: RunConfig, system: TrainSystem | None):
+    def __init__(self, cfg: RunConfig, system: TrainSystem):
         self.cfg, self.tr = cfg, cfg.trainer
-        self.sys: TrainSystem = system if system is not None else build_train(cfg)
+        self.sys = system
         self.keys = Keys(cfg.seed)
         self.record = RunRecord(cfg.run_dir)
         ckpt_dir = self.record.dir / "checkpoints"
@@ -143,8 +148,11 @@ class _Run:
 
 async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
     t_start = time.time()
+    system = system if system is not None else build_train(cfg)
+    needs = await check_oracle_fits(system)  # before anything is written or compiled
     run = _Run(cfg, system)
     tr, sys = run.tr, run.sys
+    run.record.set("oracle_needs", needs)
     state = run.fresh_state(sys.initial_params, run.sft_tx)
     stage, step = "sft", 0
     if tr.resume and run.ckpt.latest_step() is not None:
@@ -201,7 +209,7 @@ async def _sft(run: _Run, state: TrainState, start: int) -> TrainState:
         return state
     # Golden data: the env's oracle driven through the real rollout path (scripted engine).
     rng = np.random.default_rng(run.keys.seed("sft_oracle"))
-    engine = ScriptedEngine(sys.chat, policy_factory=sys.env.oracle(tr.oracle, rng=rng))
+    engine = ScriptedEngine(sys.chat, policy_factory=sys.env.oracle(run.cfg.env.oracle, rng=rng))
     tasks = sys.env.tasks("train", tr.sft_examples, seed=run.keys.seed("sft_tasks"))
     golden = sys.golden_collector().orchestrator(engine, greedy=True, group_size=1)
     trajs = await golden.run(tasks, group_size=1, seed=0)
@@ -259,7 +267,7 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
     group, collector = cfg.rollout.group_size, sys.collector
     rows = tr.tasks_per_step // jax.process_count() * group  # this process's rows of each step
     update = make_rl_update(
-        sys.graphdef, sys.rest, run.rl_tx, loss_cfg=cfg.loss, adv_cfg=cfg.advantage,
+        sys.graphdef, sys.rest, run.rl_tx, loss_cfg=sys.loss, adv_cfg=cfg.advantage,
         epochs=tr.ppo_epochs, minibatches=tr.minibatches, microbatches=tr.microbatches,
         logprob_chunk=tr.logprob_chunk, batch_sharding=collector.sharding,
     )  # fmt: skip
