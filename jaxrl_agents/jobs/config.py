@@ -134,7 +134,18 @@ class TrainerSpec:
     """...and one whose share exceeds this stops the run with one line (1.0: never)."""
     off_policy_overlap: bool = False
     """Roll out step t+1 while step t trains (one-step-stale weights; the importance ratio uses
-    the rollout logprobs)."""
+    the rollout logprobs). Weights reach the sampler only between collections, so no episode
+    mixes two policies, and ``staleness`` is measured from each episode's policy version."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards are all equal (no advantage for any group estimator) and
+    sample fresh groups until the step has ``tasks_per_step`` informative ones (DAPO)."""
+    dynamic_max_rounds: int = 4
+    """Most rollout rounds per step with dynamic sampling (the first included): bounds the extra
+    rollouts to ``(dynamic_max_rounds - 1) x tasks_per_step`` groups."""
+    mask_overlong: bool = False
+    """Leave episodes cut off by a length limit (max_tokens, context_full, or a last turn that
+    stopped on length) out of the loss; they still count in their group's statistics (DAPO's
+    overlong filtering)."""
     resume: bool = True
     """Rerunning into a run folder with checkpoints continues from the newest one (false: refuse
     to touch such a folder)."""
@@ -151,7 +162,7 @@ class TrainerSpec:
         for name in (
             "sft_batch_size", "sft_examples", "tasks_per_step", "ppo_epochs", "minibatches",
             "microbatches", "logprob_chunk", "heldout_tasks", "checkpoint_every",
-            "keep_checkpoints",
+            "keep_checkpoints", "dynamic_max_rounds",
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")

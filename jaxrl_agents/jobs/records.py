@@ -11,20 +11,28 @@ from typing import Any
 import jax
 import numpy as np
 
-PURPOSES = ("model_init", "sft_tasks", "sft_oracle", "sft_order", "rl_tasks", "rollout", "update")
+PURPOSES = (
+    "model_init", "sft_tasks", "sft_oracle", "sft_order", "rl_tasks", "rollout", "update",
+    "refill", "rollout_refill",
+)  # fmt: skip
 """The run's independent random streams, one per purpose."""
 
 
 class Keys:
-    """PRNG keys split once from the run seed, one per purpose (:data:`PURPOSES`), and derived
-    per step with ``fold_in``: what step ``s`` draws depends only on ``(seed, purpose, s)``, so a
-    resumed run draws exactly what an uninterrupted one would."""
+    """PRNG keys made once from the run seed, one per purpose (:data:`PURPOSES`; the stream of a
+    purpose is ``fold_in(key(seed), crc32(purpose))``, so adding a purpose changes no other), and
+    derived per step with ``fold_in``: what step ``s`` draws depends only on
+    ``(seed, purpose, s)``, so a resumed run draws exactly what an uninterrupted one would."""
 
     def __init__(self, seed: int):
-        split = jax.random.split(jax.random.key(seed), len(PURPOSES))
-        self._keys = dict(zip(PURPOSES, split, strict=True))
+        import zlib
+
+        root = jax.random.key(seed)
+        self._keys = {p: jax.random.fold_in(root, zlib.crc32(p.encode())) for p in PURPOSES}
 
     def key(self, purpose: str, step: int | None = None) -> jax.Array:
+        if purpose not in self._keys:
+            raise KeyError(f"no random stream {purpose!r}; streams: {', '.join(PURPOSES)}")
         k = self._keys[purpose]
         return k if step is None else jax.random.fold_in(k, step)
 

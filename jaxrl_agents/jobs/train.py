@@ -46,6 +46,7 @@ from jaxrl_agents.jobs.build import (
 )
 from jaxrl_agents.jobs.config import JobAborted, RunConfig
 from jaxrl_agents.jobs.records import Keys, RunRecord, every
+from jaxrl_agents.jobs.steps import StepSource
 from jaxrl_agents.rollout.scripted import ScriptedEngine
 from jaxrl_agents.training.checkpoint import Checkpointer
 from jaxrl_agents.training.metrics import RunLogger
@@ -276,40 +277,58 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
         run.record.set("kl_reference", {"from": "sft" if start else "rl_start",
                                         "checksum": _checksum(ref)})  # fmt: skip
 
-    def collect(s: int, version: int):
-        """Step ``s``'s episodes, sampled with the weights after ``version`` RL updates."""
-        k = s * tr.tasks_per_step
-        tasks = [run.train_tasks[(k + j) % len(run.train_tasks)] for j in range(tr.tasks_per_step)]
-        return asyncio.ensure_future(
-            collector.collect(
-                engine, tasks, group_size=group, seed=run.keys.seed("rollout", s),
-                version=tr.sft_steps + version,
-            )
-        )  # fmt: skip
+    source = StepSource(
+        collector, sys.env, run.keys, run.train_tasks, tr.tasks_per_step, group,
+        dynamic=tr.dynamic_sampling, max_rounds=tr.dynamic_max_rounds,
+    )  # fmt: skip
+    pushed = {"updates": start}  # RL updates reflected in the sampler's weights
 
-    pending = collect(start, start) if start < tr.rl_steps else None
+    def push(state: TrainState, updates: int) -> None:
+        """PUSH: new weights go to the engine only while no collection is running, so every
+        episode is sampled by one policy version (its ``policy_version``)."""
+        if updates != pushed["updates"]:
+            engine.update_weights(sys.sampler_view(state.params))
+            pushed["updates"] = updates
+
+    def launch(s: int):
+        version = tr.sft_steps + pushed["updates"]
+        return asyncio.ensure_future(source.step(engine, s, version=version))
+
+    pending = launch(start) if start < tr.rl_steps else None
     bar = run.bar(start, tr.rl_steps, "RL")
     for s in bar:
-        roll = await pending  # COLLECT
+        roll, shaping = await pending  # COLLECT + REWARD (+ refills of zero-variance groups)
+        pending = None
+        push(state, s)  # no collection runs now: the engine catches up (overlap mode)
         if tr.off_policy_overlap and s + 1 < tr.rl_steps:
-            # Runs while this step trains: sampled with the weights before this step's update
+            # Samples step s+1 while this step trains, with the weights before this update
             # (staleness 1; the importance ratio uses the rollout logprobs).
-            pending = collect(s + 1, s)
+            pending = launch(s + 1)
         t_train = time.perf_counter()
-        await collector.score(roll.trajectories)  # REWARD
         everyone = collector.everyone(roll, slim=True)  # all processes' episodes, for the record
         run.check_errors(everyone, f"RL step {s + 1}")
-        db = collector.device_batch(roll, rows=rows, max_turns=cfg.rollout.max_turns)
+        db = collector.device_batch(
+            roll, rows=rows, max_turns=cfg.rollout.max_turns, mask_overlong=tr.mask_overlong
+        )
         state, metrics = await asyncio.to_thread(  # UPDATE: advantages + epochs x minibatches
             update, state, db.batch, db.episodes, run.keys.key("update", s), ref
         )
-        metrics = D.host_value(metrics.as_dict())
-        engine.update_weights(sys.sampler_view(state.params))  # PUSH
-        if not tr.off_policy_overlap and s + 1 < tr.rl_steps:
-            pending = collect(s + 1, s + 1)
+        metrics = {**D.host_value(metrics.as_dict()), **shaping}
+        if pending is None:
+            push(state, s + 1)
+            if s + 1 < tr.rl_steps:
+                pending = launch(s + 1)
         row = _step_row(run, roll, everyone, db, metrics, time.perf_counter() - t_train, engine, s)
+        if every(tr.eval_every, s + 1) and s + 1 < tr.rl_steps and pending is not None:
+            done = await pending  # evaluate the newest weights: wait for the running collection
+            pending = asyncio.ensure_future(_ready(done))
+            push(state, s + 1)
         await _after_step(run, engine, state, s + 1, row, roll.trajectories, bar)
     return state
+
+
+async def _ready(value: Any) -> Any:
+    return value
 
 
 def _step_row(run: _Run, roll, everyone, db, metrics, train_s: float, engine, s: int) -> dict:
@@ -328,6 +347,7 @@ def _step_row(run: _Run, roll, everyone, db, metrics, train_s: float, engine, s:
         "train_s": train_s,
         "gen_tok_s": db.sampled_tokens / max(rollout_s, 1e-9),
         "truncated": db.truncated,
+        "overlong_masked": db.overlong_masked,
         "dropped": db.dropped,
         "env_errors": sum(t.end_reason == EndReason.ENV_ERROR for t in everyone),
         "staleness": float(np.mean([version - t.policy_version for t in everyone])),

@@ -47,6 +47,8 @@ class DeviceBatch(NamedTuple):
     """Policy-sampled tokens in the batch (all processes)."""
     dropped: int
     """Episodes left out of the update (all processes): ``reward_error`` or no tokens at all."""
+    overlong_masked: int = 0
+    """Episodes cut off by a length limit whose loss was masked (``mask_overlong``)."""
 
 
 def trainable(traj: Trajectory) -> bool:
@@ -174,9 +176,16 @@ class Collector:
         agreed = int(D.gather_rows(np.array(max(longest, 1))).max())
         return [bucket_for(agreed, self.seq_buckets)]
 
-    def device_batch(self, roll: Rollout, *, rows: int, max_turns: int) -> DeviceBatch:
-        """This process's episodes -> its ``rows`` rows of the global batch, placed on the mesh."""
+    def device_batch(
+        self, roll: Rollout, *, rows: int, max_turns: int, mask_overlong: bool = False
+    ) -> DeviceBatch:
+        """This process's episodes -> its ``rows`` rows of the global batch, placed on the mesh.
+
+        ``mask_overlong``: episodes cut off by a length limit keep their place in their group's
+        statistics but contribute no loss (``algos.batch_shaping.overlong_rows``)."""
         import jax
+
+        from jaxrl_agents.algos.batch_shaping import overlong_rows
 
         keep = [trainable(t) for t in roll.trajectories]
         pad = [self.chat.pad_id] * 2
@@ -208,13 +217,20 @@ class Collector:
             group_ids=ep.group_ids + first_row,
             anchor_ids=np.where(ep.anchor_ids >= 0, ep.anchor_ids + first_row * n_turns, -1),
         )
-        counts = D.gather_rows(np.array([packed.truncated, b.loss_mask.sum(), len(out)]))
+        long = (
+            [i for i, x in enumerate(overlong_rows(trajs)) if x and keep[i]]
+            if mask_overlong
+            else []
+        )
+        b.loss_mask[long] = 0.0
+        counts = D.gather_rows(np.array([packed.truncated, b.loss_mask.sum(), len(out), len(long)]))
         return DeviceBatch(
             D.place(b, self.sharding),
             D.place(ep, self.sharding),
             int(counts[:, 0].sum()),
             int(counts[:, 1].sum()),
             int(counts[:, 2].sum()),
+            int(counts[:, 3].sum()),
         )
 
     def sft_batch(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TrainBatch:

@@ -1,0 +1,74 @@
+"""One RL step's episodes: collect, score, and (with dynamic sampling) refill.
+
+:class:`StepSource` turns step ``s`` into this process's scored episodes: the step's tasks (a
+fixed slice of the run's task stream) x ``rollout.group_size`` samples, REWARD applied. With
+``trainer.dynamic_sampling`` groups whose rewards are all equal (zero advantage for every group
+estimator) are dropped and fresh groups are sampled from a separate task stream until the step has
+``tasks_per_step`` informative groups or ``trainer.dynamic_max_rounds`` rounds have run (DAPO's
+resample loop, ``algos.batch_shaping.DynamicSampler``); a step that still falls short trains on
+the groups it has, the rest of its rows masked, and says so in its counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxrl_agents import distributed as D
+from jaxrl_agents.algos.batch_shaping import DynamicSampler
+from jaxrl_agents.rollout.collector import Rollout
+
+
+@dataclasses.dataclass
+class StepSource:
+    collector: Any
+    env: Any  # jobs.build.EnvBinding
+    keys: Any  # jobs.records.Keys
+    train_tasks: list
+    tasks_per_step: int
+    group_size: int
+    dynamic: bool = False
+    max_rounds: int = 4
+
+    def tasks(self, s: int) -> list:
+        k = s * self.tasks_per_step
+        n = len(self.train_tasks)
+        return [self.train_tasks[(k + j) % n] for j in range(self.tasks_per_step)]
+
+    async def _round(self, engine, tasks, *, seed: int, version: int) -> Rollout:
+        roll = await self.collector.collect(
+            engine, tasks, group_size=self.group_size, seed=seed, version=version
+        )
+        await self.collector.score(roll.trajectories)  # REWARD
+        return roll
+
+    async def step(self, engine: Any, s: int, *, version: int) -> tuple[Rollout, dict[str, float]]:
+        """Step ``s``'s scored episodes (this process's share), sampled at policy ``version``,
+        and the dynamic-sampling counts (empty without it)."""
+        roll = await self._round(engine, self.tasks(s), seed=self.keys.seed("rollout", s),
+                                 version=version)  # fmt: skip
+        if not self.dynamic:
+            return roll, {}
+        share = D.even_share(self.tasks_per_step, "trainer.tasks_per_step")
+        target = share.stop - share.start
+        sampler = DynamicSampler(target_groups=target, max_rounds=self.max_rounds)
+        sampler.add(roll.trajectories)
+        seconds, refills = roll.seconds, 0
+        while not sampler.ready:
+            r = s * self.max_rounds + sampler.rounds  # a separate, per-step stream of tasks
+            extra = self.env.tasks("train", self.tasks_per_step, seed=self.keys.seed("refill", r))
+            more = await self._round(engine, extra, seed=self.keys.seed("rollout_refill", r),
+                                     version=version)  # fmt: skip
+            sampler.add(more.trajectories)
+            seconds, refills = seconds + more.seconds, refills + 1
+        trajs, stats = sampler.take()
+        groups: dict[tuple[int, int], int] = {}
+        for t in trajs:  # groups of several rounds: renumber 0..k-1 in order
+            t.group_id = groups.setdefault((id(t.task), t.group_id), len(groups))
+        counts = {
+            "dynamic/groups_sampled": float(stats.groups_in),
+            "dynamic/groups_dropped": float(stats.groups_dropped),
+            "dynamic/refill_rounds": float(refills),
+            "dynamic/groups_trained": float(len(groups)),
+        }
+        return Rollout(trajs, share.start, seconds), counts
