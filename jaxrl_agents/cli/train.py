@@ -74,15 +74,27 @@ def format_summary(summary: dict) -> str:
     def mode(d: dict, name: str) -> str:
         return str(d.get("failure_modes", {}).get(name, "n/a"))
 
+    def val(x) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
+    best = summary.get("best") or {}
     rows = [
         (f"held-out, greedy, {summary.get('heldout_tasks', 0)} tasks", "SFT", "RL (final)"),
         ("success (95% CI)", success(sft), success(rl)),
+        (
+            f"validation ({summary.get('validation_tasks', 0)} tasks)",
+            val(summary.get("sft_validation_success")),
+            val(summary.get("rl_validation_success")),
+        ),
         ("mean turns / tool calls", effort(sft), effort(rl)),
         ("premature answers", mode(sft, "premature"), mode(rl, "premature")),
         ("tool-call loops", mode(sft, "loop"), mode(rl, "loop")),
         ("invalid tool calls", mode(sft, "invalid_call"), mode(rl, "invalid_call")),
     ]
-    return "\n".join(f"{a:<34}{b:<24}{c}" for a, b, c in rows)
+    table = "\n".join(f"{a:<34}{b:<24}{c}" for a, b, c in rows)
+    if best:
+        table += f"\nkeep-best (by validation): RL step {best['rl_step']} (checkpoints/best/)"
+    return table
 
 
 def main() -> None:

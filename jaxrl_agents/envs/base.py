@@ -235,16 +235,25 @@ def mentions(text: str, phrase: str) -> bool:
     return f" {normalize_text(phrase)} " in f" {normalize_text(text)} "
 
 
+SPLITS = ("train", "validation", "heldout")
+VALIDATION_FRAC = 0.1
+"""Share of problem keys in the ``validation`` split (model selection), next to ``heldout``
+(the test split whose success is reported) and ``train``."""
+
+
 def split_of(key: str, *, heldout_frac: float = 0.2) -> str:
     """Deterministic split of a problem key: the same problem always lands in the same split, so
-    ``train`` and ``heldout`` are disjoint by construction."""
+    ``train``, ``validation`` and ``heldout`` are disjoint by construction. A hash below
+    ``heldout_frac`` is held out; the next :data:`VALIDATION_FRAC` is validation."""
     h = int.from_bytes(hashlib.sha1(key.encode()).digest()[:8], "big") / 2**64
-    return "heldout" if h < heldout_frac else "train"
+    if h < heldout_frac:
+        return "heldout"
+    return "validation" if h < heldout_frac + VALIDATION_FRAC else "train"
 
 
 def check_split(split: str) -> None:
-    if split not in ("train", "heldout"):
-        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
 
 
 def calls_from_message(message: Message) -> list[ToolCall]:

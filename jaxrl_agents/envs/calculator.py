@@ -12,7 +12,8 @@ assistant message without tool calls; its last number is the answer ("439" or "T
   as done when any successful calculator call produced that value, also as an intermediate
   (``37*12-5`` does both steps in one call). The final answer before the last step is "premature".
 * Safety: the expression is evaluated by walking its AST (numbers, + - * / // % ** and unary
-  signs only); powers and magnitudes are bounded so no call can hold the GIL for long.
+  signs only); powers and magnitudes are bounded so no call can hold the GIL for long. A
+  non-finite number (``1e999``, ``1e999-1e999``) or an overflow is a tool error, never a value.
 
     from jaxrl_agents.envs.calculator import CalculatorEnv, oracle_policy
     task = CalculatorEnv.make_tasks("train", 1)[0];  policy = oracle_policy(task)
@@ -89,12 +90,22 @@ def evaluate(expression: str) -> tuple[int | float, list[int | float]]:
     except SyntaxError:
         raise ToolError(f"invalid expression {expression!r}; use numbers and + - * / ( )") from None
     values: list[int | float] = []
-    value = _eval(tree.body, values)
+    value = _finite(_eval(tree.body, values))  # every value is checked; this guards the contract
     return value, values
+
+
+def _finite(v: int | float) -> int | float:
+    """``v``, or a :class:`ToolError` when it is ``inf``/``nan``: never a successful result."""
+    if isinstance(v, float) and not math.isfinite(v):
+        what = "undefined (nan)" if math.isnan(v) else f"infinite ({v})"
+        raise ToolError(f"result out of range: {what}; use finite numbers")
+    return v
 
 
 def _eval(node: ast.AST, values: list) -> int | float:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if isinstance(node.value, float) and not math.isfinite(node.value):
+            raise ToolError("number out of range (overflows to inf); use finite numbers")
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         v = _eval(node.operand, values)
@@ -108,7 +119,12 @@ def _eval(node: ast.AST, values: list) -> int | float:
             v = _BINOPS[type(node.op)](left, right)
         except ZeroDivisionError:
             raise ToolError("division by zero") from None
-        if isinstance(v, complex) or abs(v) > _MAX_ABS:
+        except OverflowError:
+            raise ToolError("result out of range (overflow)") from None
+        if isinstance(v, complex):
+            raise ToolError("result out of range")
+        v = _finite(v)
+        if abs(v) > _MAX_ABS:
             raise ToolError("result out of range")
         if isinstance(v, float) and v.is_integer():
             v = int(v)

@@ -99,6 +99,24 @@ def _cheapest_plan(data: dict[str, Any], cat: dict[str, Any]) -> tuple[int, int]
     return best, first
 
 
+def _overlaps(stays: list[tuple[str, str, str]]) -> list[str]:
+    """One violation per stay that overlaps a stay starting no later (``(booking_id, checkin,
+    checkout)`` in booking order, ISO dates): ``"overlapping stays: <earlier> and <this>"``.
+
+    A sweep by check-in, O(n log n) with at most n - 1 messages (listing every overlapping pair is
+    quadratic: 2000 stays on the same dates are 2M pairs). Each stay involved in an overlap is
+    named at least once: the partner is the stay reaching furthest so far, which overlaps it.
+    """
+    out: list[str] = []
+    reach: tuple[str, str] | None = None  # (checkout, booking id) of the stay reaching furthest
+    for bid, checkin, checkout in sorted(stays, key=lambda t: t[1]):  # stable: ties by booking
+        if reach is not None and checkin < reach[0]:
+            out.append(f"overlapping stays: {reach[1]} and {bid}")
+        if reach is None or checkout > reach[0]:
+            reach = (checkout, bid)
+    return out
+
+
 class TravelEnv(Env):
     """Book a round trip and hotel; success iff the final bookings satisfy every constraint."""
 
@@ -331,12 +349,7 @@ class TravelEnv(Env):
                 )
             else:
                 items["book_hotel"].append(bid)
-        for i, (x, a1, b1) in enumerate(stays):
-            bad += [
-                f"overlapping stays: {x} and {y}"
-                for y, a2, b2 in stays[i + 1 :]
-                if a1 < b2 and a2 < b1
-            ]
+        bad += _overlaps(stays)
         bad += [
             f"duplicate {k[5:]} bookings: {', '.join(v)}" for k, v in items.items() if len(v) > 1
         ]

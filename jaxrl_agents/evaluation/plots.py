@@ -23,7 +23,8 @@ def learning_curve(
     sft_success: float | None = None,
     rl_success: float | None = None,
 ) -> None:
-    """Reward and success vs RL step; held-out success points and the SFT / final levels."""
+    """Reward and success vs RL step; validation success points (the keep-best selection) and
+    the SFT / final policies' held-out (test) success."""
     fig, (ax_r, ax_s) = plt.subplots(1, 2, figsize=(10, 3.6))
     steps = [p["step"] for p in curve]
     ax_r.plot(steps, [p["reward"] for p in curve], marker=".", label="mean trajectory reward")
@@ -38,14 +39,17 @@ def learning_curve(
         alpha=0.6,
         label="rollout success (sampled)",
     )
-    held = [(p["step"], p["heldout_success"]) for p in curve if "heldout_success" in p]
-    if rl_success is not None and steps:
-        held.append((steps[-1], rl_success))
+    val = [(p["step"], p["validation_success"]) for p in curve if "validation_success" in p]
+    if val:
+        ax_s.plot(*zip(*val, strict=True), marker="o", color="C2", label="validation (greedy)")
+    test = ([(0, sft_success)] if sft_success is not None else []) + (
+        [(steps[-1], rl_success)] if rl_success is not None and steps else []
+    )
     if sft_success is not None:
-        held.insert(0, (0, sft_success))
         ax_s.axhline(sft_success, color="gray", ls="--", lw=1, label="SFT held-out (greedy)")
-    if held:
-        ax_s.plot(*zip(*held, strict=True), marker="o", color="C3", label="held-out (greedy)")
+    if test:
+        ax_s.plot(*zip(*test, strict=True), marker="s", ls=":", color="C3",
+                  label="held-out test (greedy)")  # fmt: skip
     ax_s.set_ylim(-0.02, 1.02)
     ax_s.set_xlabel("RL step")
     ax_s.set_ylabel("success rate")

@@ -121,8 +121,13 @@ class TrainerSpec:
     logprob_chunk: int = 128
     """Vocabulary projection chunk of the log-prob computation (memory)."""
     eval_every: int = 10
-    """Held-out evaluation (and keep-best) every this many RL steps; 0: only at the end."""
+    """Validation evaluation (and keep-best) every this many RL steps; 0: only after SFT and at
+    the end (the last step always competes for keep-best)."""
     heldout_tasks: int = 100
+    """Held-out (test) tasks: success of the SFT and the final policy is reported on them."""
+    validation_tasks: int | None = None
+    """Validation tasks (a split disjoint from train and held-out): keep-best selects on them.
+    None: as many as ``heldout_tasks``."""
     checkpoint_every: int = 10
     keep_checkpoints: int = 3
     async_checkpoints: bool = True
@@ -166,6 +171,8 @@ class TrainerSpec:
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.validation_tasks is not None and self.validation_tasks < 1:
+            raise ValueError(f"validation_tasks={self.validation_tasks} must be >= 1 (or null)")
         for name in ("error_warn_frac", "error_abort_frac"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1]")
@@ -228,8 +235,8 @@ class EvalConfig:
     """Side-by-side flipped tasks per comparison."""
 
     def __post_init__(self) -> None:
-        if self.split not in ("train", "heldout"):
-            raise ValueError(f"split={self.split!r}: expected 'heldout' or 'train'")
+        if self.split not in ("train", "validation", "heldout"):
+            raise ValueError(f"split={self.split!r}: expected heldout, validation or train")
         if self.tasks < 1 or self.samples < 1:
             raise ValueError(f"tasks={self.tasks}, samples={self.samples}: both must be >= 1")
         bad = [k for k in self.ks if not 1 <= k <= self.samples]

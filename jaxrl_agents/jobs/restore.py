@@ -23,7 +23,7 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
 
 
 def checkpointer(run_dir: str | Path) -> Checkpointer:
-    return Checkpointer(Path(run_dir) / "checkpoints", best_metric="heldout_success")
+    return Checkpointer(Path(run_dir) / "checkpoints", best_metric="validation_success")
 
 
 def kept_steps(run_dir: str | Path, which=("latest", "best")) -> tuple[list[int], ...]:

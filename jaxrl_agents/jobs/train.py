@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import sys
+import sys as _sys
 import time
 from typing import Any
 
@@ -96,10 +96,12 @@ class _Run:
             ckpt_dir,
             keep=self.tr.keep_checkpoints,
             async_save=self.tr.async_checkpoints,
-            best_metric="heldout_success",
+            best_metric="validation_success",
         )
         env = self.sys.env
         self.heldout = env.tasks("heldout", self.tr.heldout_tasks, seed=cfg.seed)
+        n_val = self.tr.validation_tasks or self.tr.heldout_tasks
+        self.validation = env.tasks("validation", n_val, seed=cfg.seed)
         n_train = max(self.tr.rl_steps * self.tr.tasks_per_step, 1)
         self.train_tasks = env.tasks("train", n_train, seed=self.keys.seed("rl_tasks"))
         opt = cfg.optimizer
@@ -117,11 +119,15 @@ class _Run:
 
         return tqdm(it, desc=desc, dynamic_ncols=True, initial=start, total=total)
 
-    async def evaluate(self, engine: Any, *, version: int) -> tuple[dict[str, Any], list]:
+    async def evaluate(
+        self, engine: Any, *, version: int, split: str = "heldout"
+    ) -> tuple[dict[str, Any], list]:
+        """Greedy success on the held-out (test) or the validation tasks."""
+        tasks = self.heldout if split == "heldout" else self.validation
         trajs = await self.sys.collector.evaluate(
-            engine, self.heldout, seed=self.cfg.seed, version=version
+            engine, tasks, seed=self.cfg.seed, version=version
         )
-        self.check_errors(trajs, f"held-out evaluation (policy version {version})")
+        self.check_errors(trajs, f"{split} evaluation (policy version {version})")
         return summarize(trajs), trajs
 
     def check_errors(self, trajs: list, where: str) -> None:
@@ -136,15 +142,17 @@ class _Run:
         if frac > self.tr.error_abort_frac:
             raise JobAborted(f"{line} (more than trainer.error_abort_frac="
                              f"{self.tr.error_abort_frac})")  # fmt: skip
-        print(f"WARNING: {line}", file=sys.stderr, flush=True)
+        print(f"WARNING: {line}", file=_sys.stderr, flush=True)
 
     def checkpoint(self, step: int, state: TrainState, stage: str, stage_step: int, **kw) -> None:
         self.ckpt.save(step, state, {"stage": stage, "stage_step": stage_step}, **kw)
 
-    def offer_best(self, rl_step: int, state: TrainState, success: float) -> None:
-        """Offer the state after RL step ``rl_step`` to keep-best (kept if it beats the best)."""
+    def offer_best(self, rl_step: int, state: TrainState, val_success: float) -> None:
+        """Offer the state after RL step ``rl_step`` to keep-best, by *validation* success (the
+        test split's numbers stay unbiased by the selection)."""
         meta = {"stage": "rl", "stage_step": rl_step}
-        self.ckpt.save_best(self.tr.sft_steps + rl_step, state, meta, {"heldout_success": success})
+        metrics = {"validation_success": val_success}
+        self.ckpt.save_best(self.tr.sft_steps + rl_step, state, meta, metrics)
 
 
 async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
@@ -167,9 +175,12 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
             state = await _sft(run, state, step)
             engine.update_weights(sys.sampler_view(state.params))
             summary, trajs = await run.evaluate(engine, version=tr.sft_steps)
+            val, _ = await run.evaluate(engine, version=tr.sft_steps, split="validation")
             run.record.set("sft_eval", summary)
+            run.record.set("sft_validation", val)
             run.record.save()
-            run.logger.log(0, {"heldout_success": summary["success"]}, stage="eval")
+            row = {"heldout_success": summary["success"], "validation_success": val["success"]}
+            run.logger.log(0, row, stage="eval")
             run.logger.trajectories(0, trajs, name="heldout_sft")
             lo, hi = summary["success_ci95"]
             print(f"SFT held-out success: {summary['success']:.3f} (95% CI {lo:.3f}-{hi:.3f})")
@@ -177,14 +188,16 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
             state, stage, step = run.fresh_state(state.params, run.rl_tx), "rl", 0
             run.checkpoint(tr.sft_steps, state, "rl", 0, force=True)
             run.ckpt.save_sft(tr.sft_steps, state, {"stage": "rl", "stage_step": 0})
-            run.offer_best(0, state, summary["success"])
+            run.offer_best(0, state, val["success"])
         engine.update_weights(sys.sampler_view(state.params))
         state = await _rl(run, engine, state, step)
         run.ckpt.wait()
         final_model = sys.sampler_view(state.params)  # also what process 0 exports
         engine.update_weights(final_model)
         final, trajs = await run.evaluate(engine, version=tr.sft_steps + tr.rl_steps)
-    run.offer_best(tr.rl_steps, state, final["success"])  # the last step competes too
+        val, _ = await run.evaluate(engine, version=tr.sft_steps + tr.rl_steps, split="validation")
+    run.offer_best(tr.rl_steps, state, val["success"])  # the last step competes too
+    run.record.set("rl_validation", val)
     run.ckpt.wait()
     run.logger.trajectories(tr.rl_steps, trajs, name="heldout_rl_final")
     export_dir = None
@@ -221,7 +234,7 @@ async def _sft(run: _Run, state: TrainState, start: int) -> TrainState:
         print(
             f"WARNING: SFT golden data: {len(trajs) - len(data)}/{len(trajs)} oracle episodes "
             f"ended without an answer ({', '.join(ends)}) and are left out",
-            file=sys.stderr, flush=True,
+            file=_sys.stderr, flush=True,
         )  # fmt: skip
     if not data:
         raise JobAborted("SFT golden data: no oracle episode ended with an answer")
@@ -366,14 +379,22 @@ async def _after_step(run: _Run, engine, state, step: int, row: dict, trajs: lis
         run.logger.trajectories(step, trajs[: min(8, len(trajs))])  # the first rows
     point = {"step": step, "reward": row["reward"], "train_success": row["success"]}
     if every(tr.eval_every, step) and step < tr.rl_steps:
-        summary, _ = await run.evaluate(engine, version=tr.sft_steps + step)
-        point["heldout_success"] = summary["success"]
-        run.logger.log(step, {"heldout_success": summary["success"]}, stage="eval")
+        summary, _ = await run.evaluate(engine, version=tr.sft_steps + step, split="validation")
+        point["validation_success"] = summary["success"]
+        run.logger.log(step, {"validation_success": summary["success"]}, stage="eval")
         run.offer_best(step, state, summary["success"])
     run.record.curve.append(point)
     if every(tr.checkpoint_every, step) or step == tr.rl_steps:
         run.checkpoint(tr.sft_steps + step, state, "rl", step)
         run.record.save()
+
+
+def _best(run: _Run) -> dict[str, Any] | None:
+    """The keep-best checkpoint: selected by validation success over every evaluated step."""
+    step = run.ckpt.best.best_step()
+    if step is None:
+        return None
+    return {"step": int(step), "rl_step": int(step) - run.tr.sft_steps}
 
 
 def _summary(run: _Run, export_dir, wall_s: float, state: TrainState) -> dict[str, Any]:
@@ -387,6 +408,10 @@ def _summary(run: _Run, export_dir, wall_s: float, state: TrainState) -> dict[st
         "sft_heldout_ci95": sft.get("success_ci95"),
         "rl_heldout_success": rl.get("success"),
         "rl_heldout_ci95": rl.get("success_ci95"),
+        "validation_tasks": len(run.validation),
+        "sft_validation_success": stages.get("sft_validation", {}).get("success"),
+        "rl_validation_success": stages.get("rl_validation", {}).get("success"),
+        "best": _best(run),
         "sft": sft,
         "rl": rl,
         "skipped_updates": int(D.host_value(state.skipped)),

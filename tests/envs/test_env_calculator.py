@@ -85,7 +85,7 @@ def test_splits_disjoint_and_deterministic():
     assert [t.data for t in CalculatorEnv.make_tasks("train", 50, seed=1, two_step_frac=0.5)] != [
         t.data for t in again
     ]
-    with pytest.raises(ValueError, match="split must be 'train' or 'heldout', got 'test'"):
+    with pytest.raises(ValueError, match="split must be one of .*; got 'test'"):
         CalculatorEnv.make_tasks("test", 1)
 
 
@@ -152,3 +152,53 @@ def test_tool_error_reaches_model_and_progress_tracks_steps():
     assert (s1.annotations[Ann.PROGRESS], s2.annotations[Ann.PROGRESS]) == (0.0, 0.5)
     # STATE_KEY digests the state *before* the turn: unchanged by the failed call.
     assert s1.annotations[Ann.STATE_KEY] == s2.annotations[Ann.STATE_KEY]
+
+
+@pytest.mark.parametrize(
+    "expr, match",
+    [
+        ("1e999", r"number out of range \(overflows to inf\)"),
+        ("-1e999", r"number out of range \(overflows to inf\)"),
+        ("1e999 - 1e999", "number out of range"),  # would be nan
+        ("0 * 1e999", "number out of range"),
+        ("5 % 1e999", "number out of range"),
+        ("1e308 * 10", r"result out of range: infinite \(inf\)"),
+        ("1e200 * 1e200", r"result out of range: infinite \(inf\)"),
+        ("1e-300 ** -2", r"result out of range \(overflow\)"),  # float pow raises OverflowError
+        ("10**400 * 1.0", "power too large"),
+    ],
+)
+def test_non_finite_results_and_overflow_are_tool_errors(expr, match):
+    with pytest.raises(ToolError, match=match):
+        evaluate(expr)
+
+
+def test_evaluate_never_returns_non_finite_values():
+    rng = random.Random(1)
+    atoms = ["1e308", "1e-308", "1e999", "1e15", "0", "0.0", "-1e300", "7", "1e-300", "2.5"]
+    for _ in range(2000):
+        expr = f"({rng.choice(atoms)} {rng.choice('+-*/%')} {rng.choice(atoms)})"
+        expr += f" {rng.choice(['+', '-', '*', '/', '//', '%', '**'])} {rng.choice(atoms)}"
+        try:
+            value, values = evaluate(expr)
+        except ToolError:
+            continue
+        assert all(np.isfinite(v) for v in [value, *values]), expr
+
+
+def test_non_finite_result_reaches_model_as_error_and_is_not_recorded():
+    task = CalculatorEnv.make_tasks("train", 1)[0]
+    env = CalculatorEnv()
+
+    async def go():
+        await env.reset(task)
+        fn = {"name": "calculator", "arguments": {"expression": "1e999 - 1e999"}}
+        msg = {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "function": fn}]}
+        return await env.step(msg, calls_from_message(msg))
+
+    step = asyncio.run(go())
+    content = step.messages[0]["content"]
+    assert content.startswith("Error: number out of range") and "nan" not in content
+    assert step.tool_results[0].error_kind is ToolErrorKind.TOOL_ERROR
+    assert env._values == [] and env._results == []
+    assert step.annotations[Ann.PROGRESS] == 0.0

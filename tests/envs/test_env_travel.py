@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import random
+import time
 
 from jaxrl_agents.envs.base import calls_from_message, drive
-from jaxrl_agents.envs.travel import TravelEnv, _catalog, oracle_policy, wrong_policy
+from jaxrl_agents.envs.travel import (
+    TravelEnv,
+    _catalog,
+    _overlaps,
+    oracle_policy,
+    wrong_policy,
+)
 from jaxrl_agents.types import Ann
 
 
@@ -104,3 +113,63 @@ def test_splits_disjoint():
     train = {t.data["key"] for t in TravelEnv.make_tasks("train", 400)}
     held = {t.data["key"] for t in TravelEnv.make_tasks("heldout", 100)}
     assert train.isdisjoint(held) and len(train) == 400 and len(held) == 100
+
+
+def test_violations_stay_linear_in_bookings():
+    """2000 bookings of the same stay: one overlap message per stay, not one per pair (2M)."""
+    task = TravelEnv.make_tasks("train", 1, seed=5)[0]
+    d = task.data
+    cat = _catalog(d)
+    env = TravelEnv()
+    asyncio.run(env.reset(task))
+    hotel = next(h for h in cat["hotels"].values() if h["stars"] >= d["min_stars"])
+    outbound = next(
+        f
+        for f in cat["flights"].values()
+        if (f["origin"], f["dest"], f["date"]) == (d["origin"], d["dest"], d["start"])
+    )
+    n = 2000
+    for i in range(n):
+        if i % 10 == 0:
+            env.book_flight(outbound["id"])
+        else:
+            env.book_hotel(hotel["id"], d["start"], d["end"])
+    start = time.perf_counter()
+    violations = env.constraint_violations()
+    env.progress()  # _after_turn's other per-turn call
+    elapsed = time.perf_counter() - start
+    stays = n - n // 10
+    overlaps = [v for v in violations if v.startswith("overlapping stays: ")]
+    assert len(overlaps) == stays - 1 and overlaps[0] == "overlapping stays: B2 and B3"
+    assert any(v.startswith("duplicate hotel bookings: ") for v in violations)
+    assert any(v.startswith("duplicate outbound bookings: ") for v in violations)
+    assert any(v.startswith("budget exceeded") for v in violations)
+    assert len(violations) <= 2 * n
+    assert sum(map(len, violations)) <= 100 * n
+    assert elapsed < 1.0, elapsed  # the pairwise listing took seconds and ~200 MB
+
+
+def test_overlap_messages_name_every_overlapping_stay():
+    """The sweep reports only true overlaps, and every stay that overlaps another is named."""
+    rng = random.Random(0)
+    day = lambda k: (dt.date(2025, 1, 1) + dt.timedelta(days=k)).isoformat()
+    for _ in range(300):
+        stays = []
+        for i in range(rng.randint(0, 8)):
+            a = rng.randint(0, 12)
+            stays.append((f"B{i + 1}", day(a), day(a + rng.randint(1, 5))))
+        by_id = {s[0]: s for s in stays}
+        pairs = {
+            frozenset((x[0], y[0]))
+            for i, x in enumerate(stays)
+            for y in stays[i + 1 :]
+            if x[1] < y[2] and y[1] < x[2]
+        }
+        msgs = _overlaps(stays)
+        assert len(msgs) <= max(len(stays) - 1, 0)
+        named = set()
+        for m in msgs:
+            x, y = m.removeprefix("overlapping stays: ").split(" and ")
+            assert frozenset((x, y)) in pairs and by_id[x][1] <= by_id[y][1], (m, stays)
+            named |= {x, y}
+        assert named == set().union(*pairs), (stays, msgs)

@@ -21,22 +21,22 @@ CALLS = {"env": 0, "reward": 0}
 
 
 class FlakyEnv(CalculatorEnv):
-    """Raises in its constructor once: at the 25th construction (1 at start-up, 16 SFT golden
-    episodes, 4 held-out, then the 4 episodes of RL step 1)."""
+    """Raises in its constructor once: in RL step 1. Constructions before it: 1 start-up check,
+    16 oracle-fit episodes, 16 SFT golden episodes, 4 held-out and 4 validation episodes."""
 
     def __init__(self, **kw):
         CALLS["env"] += 1
-        if CALLS["env"] == 25:
+        if CALLS["env"] == 43:
             raise RuntimeError("flaky constructor")
         super().__init__(**kw)
 
 
 class BrokenEnv(CalculatorEnv):
-    """Works for the start-up check and the SFT stage, then every construction raises."""
+    """Works for the start-up checks, the SFT stage and its evaluations, then always raises."""
 
     def __init__(self, **kw):
         CALLS["env"] += 1
-        if CALLS["env"] > 21:
+        if CALLS["env"] > 41:
             raise RuntimeError("env service down")
         super().__init__(**kw)
 
@@ -44,7 +44,8 @@ class BrokenEnv(CalculatorEnv):
 @register_reward_term("flaky_once")
 def flaky_once(traj) -> float:
     CALLS["reward"] += 1
-    if CALLS["reward"] == 10:  # 4 held-out after SFT, 4 in RL step 1, the 2nd of RL step 2
+    # after SFT 4 held-out + 4 validation, then 4 in RL step 1: the 2nd episode of RL step 2
+    if CALLS["reward"] == 14:
         raise ValueError("flaky reward")
     return 0.0
 
