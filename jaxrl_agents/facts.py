@@ -17,7 +17,9 @@ library):
 * **premature answer** — the answer turn's ``Ann.EVIDENCE_COMPLETE`` is ``False`` (measured before
   that turn; a missing key means "no information", never premature);
 * **tool-call arguments** — :func:`decode_arguments` turns a JSON string or dict into the
-  arguments object, or a readable error.
+  arguments object, or a readable error; it never raises (JSON nested past
+  :data:`MAX_ARGUMENT_DEPTH` levels, integers past Python's digit limit and any other decoding
+  failure are errors, not exceptions).
 """
 
 from __future__ import annotations
@@ -57,7 +59,10 @@ def _norm_value(v: Any) -> Any:
     if isinstance(v, bool) or v is None:
         return v
     if isinstance(v, int | float):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # an integer beyond float range is its own key
+            return v
     if isinstance(v, str):
         # Case and spacing do not change what a query/expression asks for; word order can
         # ("37-12" vs "12-37"), so it is kept.
@@ -157,17 +162,56 @@ def evidence_gathered(traj: Trajectory) -> bool:
 # -- tool-call arguments --------------------------------------------------------------------------
 
 
+MAX_ARGUMENT_DEPTH = 32
+"""Deepest nesting of tool-call arguments accepted (``{"a": [1]}`` has depth 2). Deeper arguments
+are an error: real tools take shallow objects, and everything downstream (call keys, templates'
+``tojson``, deep copies) recurses on them."""
+
+
+def json_error(e: Exception) -> str:
+    """A readable reason for a failed ``json.loads`` (any exception it may raise)."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at char {e.pos}"
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    if isinstance(e, ValueError) and "integer string conversion" in str(e):
+        return "integer with too many digits"
+    return f"{type(e).__name__}: {e}"
+
+
+def nesting_depth(obj: Any, limit: int) -> int:
+    """Nesting depth of lists/dicts in ``obj`` (a scalar has depth 0), iteratively and capped:
+    stops at ``limit + 1`` as soon as that depth is reached (so cyclic objects terminate)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, dict):
+            children: Iterable[Any] = o.values()
+        elif isinstance(o, list | tuple):
+            children = o
+        else:
+            continue
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        stack.extend((c, d + 1) for c in children if isinstance(c, dict | list | tuple))
+    return deepest
+
+
 def decode_arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
     """Tool-call ``arguments`` (a dict, or a JSON string holding an object, as OpenAI sends them)
-    -> ``(arguments, None)``, or ``({}, reason)`` when they are not a JSON object. An empty or blank
-    string means ``{}``."""
+    -> ``(arguments, None)``, or ``({}, reason)`` when they are not a JSON object, are nested deeper
+    than :data:`MAX_ARGUMENT_DEPTH`, or cannot be decoded at all. An empty or blank string means
+    ``{}``. Never raises."""
     if isinstance(raw, str):
         if not raw.strip():
             return {}, None
         try:
             raw = json.loads(raw)
-        except json.JSONDecodeError as e:
-            return {}, f'"arguments" is a string that is not JSON: {e.msg} at char {e.pos}'
+        except Exception as e:  # noqa: BLE001 - RecursionError, int digit limit, ...: all errors
+            return {}, f'"arguments" is a string that is not JSON: {json_error(e)}'
     if not isinstance(raw, dict):
         return {}, f'"arguments" must be a JSON object, got {type(raw).__name__}'
+    if nesting_depth(raw, MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
+        return {}, f'"arguments" are nested deeper than {MAX_ARGUMENT_DEPTH} levels'
     return raw, None

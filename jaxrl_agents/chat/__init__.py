@@ -5,6 +5,7 @@ from jaxrl_agents.chat.render import ChatFormat, Encoded
 from jaxrl_agents.chat.templates import CHAT_TEMPLATES, QWEN25_CHAT_TEMPLATE, TINY_CHAT_TEMPLATE
 from jaxrl_agents.chat.tokenizer import load_tiny_tokenizer, tiny_tokenizer_path
 from jaxrl_agents.chat.tool_calls import (
+    MAX_TOOL_CALLS,
     TOOL_CALL_PARSERS,
     ToolParser,
     parse_tool_calls,
@@ -13,6 +14,7 @@ from jaxrl_agents.chat.tool_calls import (
 
 __all__ = [
     "CHAT_TEMPLATES",
+    "MAX_TOOL_CALLS",
     "QWEN25_CHAT_TEMPLATE",
     "TINY_CHAT_TEMPLATE",
     "TOOL_CALL_PARSERS",

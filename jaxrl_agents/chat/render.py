@@ -31,7 +31,7 @@ import copy
 from typing import Any, NamedTuple
 
 from jaxrl_agents.chat.templates import CHAT_TEMPLATES
-from jaxrl_agents.chat.tool_calls import TOOL_CALL_PARSERS, parse_tool_calls
+from jaxrl_agents.chat.tool_calls import MAX_TOOL_CALLS, TOOL_CALL_PARSERS, parse_tool_calls
 from jaxrl_agents.facts import decode_arguments
 from jaxrl_agents.types import Message, ToolCall
 
@@ -56,10 +56,17 @@ class ChatFormat:
       tool_parser: name of the tool-call format in ``TOOL_CALL_PARSERS`` (default ``hermes``).
       chat_template: template text, or a name in ``CHAT_TEMPLATES`` (``tiny``, ``qwen2.5``);
         default: the tokenizer's own ``chat_template``.
+      max_tool_calls: per-turn cap :meth:`parse_assistant` applies (``None``: no cap); calls past
+        it come back with ``error`` set, so the environment answers them with a tool error.
     """
 
     def __init__(
-        self, tokenizer: Any, *, tool_parser: str = "hermes", chat_template: str | None = None
+        self,
+        tokenizer: Any,
+        *,
+        tool_parser: str = "hermes",
+        chat_template: str | None = None,
+        max_tool_calls: int | None = MAX_TOOL_CALLS,
     ):
         if tool_parser not in TOOL_CALL_PARSERS:
             raise ValueError(
@@ -72,8 +79,11 @@ class ChatFormat:
                 "the tokenizer has no chat_template; pass chat_template= (template text or one of "
                 f"{sorted(CHAT_TEMPLATES)})"
             )
+        if max_tool_calls is not None and max_tool_calls < 0:
+            raise ValueError(f"max_tool_calls must be >= 0 or None, got {max_tool_calls}")
         self.tokenizer = tokenizer
         self.tool_parser = tool_parser
+        self.max_tool_calls = max_tool_calls
         self.chat_template = template
         self.stop_token, stop_id = self._find_stop_token()
         eos = tokenizer.eos_token_id
@@ -153,9 +163,12 @@ class ChatFormat:
         """Sampled text (stop token stripped) -> OpenAI assistant message + all parsed calls.
 
         The message's ``tool_calls`` hold only the valid calls; malformed ones (``error`` set) are
-        returned in the list for the environment to answer with a tool error.
+        returned in the list for the environment to answer with a tool error, as are the calls past
+        ``self.max_tool_calls``. Never raises.
         """
-        content, calls = parse_tool_calls(text, format=self.tool_parser)
+        content, calls = parse_tool_calls(
+            text, format=self.tool_parser, max_calls=self.max_tool_calls
+        )
         message: Message = {"role": "assistant", "content": content}
         valid = [c.to_openai() for c in calls if c.error is None]
         if valid:

@@ -8,10 +8,16 @@ The built-in ``hermes`` format is the Qwen2.5 / Hermes one::
     </tool_call>
 
 Several blocks per turn are allowed. Parsing never raises on model output: a block that is not a
-valid call (bad JSON, no ``name``, ``arguments`` not an object, a ``<tool_call>`` never closed)
-becomes a ``ToolCall`` with ``error`` set (a readable reason), ``raw`` the block text, ``arguments``
-``{}`` and ``name`` a best guess (``""`` when none), so the environment can answer with a
-``MALFORMED`` tool error the model sees.
+valid call (bad JSON, JSON nested too deeply or with an integer past Python's digit limit, no
+``name``, ``arguments`` not an object, a ``<tool_call>`` never closed) becomes a ``ToolCall`` with
+``error`` set (a readable reason), ``raw`` the block text, ``arguments`` ``{}`` and ``name`` a best
+guess (``""`` when none), so the environment can answer with a ``MALFORMED`` tool error the model
+sees. Parsing is linear in the text's length (each opener and closer is searched for once, from the
+last position), whatever the number of blocks.
+
+At most ``max_calls`` calls per turn (default :data:`MAX_TOOL_CALLS`) are kept as parsed; every
+later block becomes a call with ``error`` naming the cap, so the environment answers it with a tool
+error instead of executing it.
 
 Leniencies (documented deviations from the strictest reading): ``arguments`` may be a JSON *string*
 holding an object (OpenAI wire style), ``parameters`` is accepted for ``arguments`` (Llama style),
@@ -21,21 +27,28 @@ content. Other formats plug in with :func:`register_tool_parser`.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Callable
 from typing import Any
 
-from jaxrl_agents.facts import decode_arguments
+from jaxrl_agents.facts import decode_arguments, json_error
 from jaxrl_agents.types import ToolCall
 
 ToolParser = Callable[[str], tuple[str, list[ToolCall]]]
-"""``text -> (content without the call markup, calls in order)``. Ids are assigned by
-:func:`parse_tool_calls`, so a parser leaves ``ToolCall.id`` empty."""
+"""``text -> (content without the call markup, calls in order)``. Ids and the per-turn cap are
+applied by :func:`parse_tool_calls`, so a parser leaves ``ToolCall.id`` empty and returns every
+call it found. A parser may also take a keyword ``max_calls`` (then it is passed) to skip decoding
+the blocks past the cap, as the built-in one does; it returns them as calls all the same."""
 
 TOOL_CALL_PARSERS: dict[str, ToolParser] = {}
 
+MAX_TOOL_CALLS = 16
+"""Default cap on the tool calls of one assistant turn (later ones become error calls)."""
+
 _NAME_GUESS = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_NAME_GUESS_MAX = 64  # tool names are at most 64 characters (envs.tools.derive_tool)
 
 
 def register_tool_parser(
@@ -55,41 +68,80 @@ def register_tool_parser(
     return add if parser is None else add(parser)
 
 
-def parse_tool_calls(text: str, *, format: str = "hermes") -> tuple[str, list[ToolCall]]:
-    """Split assistant ``text`` into its content and its calls, ids ``call_0``, ``call_1``, ..."""
+def parse_tool_calls(
+    text: str, *, format: str = "hermes", max_calls: int | None = MAX_TOOL_CALLS
+) -> tuple[str, list[ToolCall]]:
+    """Split assistant ``text`` into its content and its calls, ids ``call_0``, ``call_1``, ...
+
+    Never raises on model output (an unknown ``format`` or a negative ``max_calls`` is a caller
+    error and does raise). Calls past the first ``max_calls`` (``None``: no cap) get ``error`` set
+    and ``arguments`` ``{}``; a parser plugin that raises yields the text as content and one error
+    call.
+    """
     try:
         parser = TOOL_CALL_PARSERS[format]
     except KeyError:
         raise ValueError(
             f"unknown tool-call format {format!r}; registered: {sorted(TOOL_CALL_PARSERS)}"
         ) from None
-    content, calls = parser(text)
+    if max_calls is not None and max_calls < 0:
+        raise ValueError(f"max_calls must be >= 0 or None, got {max_calls}")
+    takes_cap = _takes_max_calls(parser)
+    try:
+        if takes_cap:
+            content, calls = parser(text, max_calls=max_calls)
+        else:
+            content, calls = parser(text)
+    except Exception as e:  # noqa: BLE001 - a parser bug must not crash the episode
+        reason = f"the {format!r} tool-call parser failed: {type(e).__name__}: {e}"
+        content, calls = text, [ToolCall(name="", arguments={}, raw=text, error=reason)]
+    if max_calls is not None:
+        for k in range(max_calls, len(calls)):
+            calls[k].arguments, calls[k].error = {}, _over_cap(k, max_calls)
     for i, call in enumerate(calls):
         call.id = f"call_{i}"
     return content, calls
 
 
+def _takes_max_calls(parser: ToolParser) -> bool:
+    try:
+        return "max_calls" in inspect.signature(parser).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _over_cap(index: int, max_calls: int) -> str:
+    return (
+        f"too many tool calls in one turn: only the first {max_calls} are run; "
+        f"call {index + 1} was not run"
+    )
+
+
+def _guess_name(body: str) -> str:
+    m = _NAME_GUESS.search(body)
+    return m.group(1).strip()[:_NAME_GUESS_MAX] if m else ""
+
+
 def call_from_json(body: str, *, raw: str) -> ToolCall:
     """One ``{"name": ..., "arguments": {...}}`` object -> ``ToolCall`` (``error`` set if invalid).
 
-    Shared by JSON-bodied formats so they agree on what counts as malformed.
+    Shared by JSON-bodied formats so they agree on what counts as malformed. Never raises: any
+    failure of ``json.loads`` (including ``RecursionError`` on deep nesting and ``ValueError`` on
+    integers past Python's digit limit) is an error call.
     """
 
     def bad(reason: str, name: str = "") -> ToolCall:
-        if not name:
-            m = _NAME_GUESS.search(body)
-            name = m.group(1).strip() if m else ""
-        return ToolCall(name=name, arguments={}, raw=raw, error=reason)
+        return ToolCall(name=name or _guess_name(body), arguments={}, raw=raw, error=reason)
 
     try:
         obj = json.loads(body)
-    except json.JSONDecodeError as e:
-        return bad(f"invalid JSON in tool call: {e.msg} at char {e.pos}")
+    except Exception as e:  # noqa: BLE001 - every decoding failure is a malformed call
+        return bad(f"invalid JSON in tool call: {json_error(e)}")
     if not isinstance(obj, dict):
         return bad(f"tool call must be a JSON object, got {type(obj).__name__}")
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
-        return bad(f'tool call needs a non-empty string "name", got {name!r}')
+        return bad(f'tool call needs a non-empty string "name", got {name!r:.80}')
     args, error = decode_arguments(obj.get("arguments", obj.get("parameters", {})))
     if error is not None:
         return bad(error, name)
@@ -97,30 +149,39 @@ def call_from_json(body: str, *, raw: str) -> ToolCall:
 
 
 def _tag_parser(open_tag: str, close_tag: str) -> ToolParser:
-    """Parser for JSON calls wrapped in ``open_tag ... close_tag`` blocks."""
+    """Parser for JSON calls wrapped in ``open_tag ... close_tag`` blocks (linear time)."""
 
-    def parse(text: str) -> tuple[str, list[ToolCall]]:
+    def parse(text: str, *, max_calls: int | None = None) -> tuple[str, list[ToolCall]]:
         pieces: list[str] = []
         calls: list[ToolCall] = []
         pos = 0
-        while (start := text.find(open_tag, pos)) != -1:
+        # Each search starts past the previous one's result, so the text is scanned O(1) times.
+        start = text.find(open_tag)
+        close = -2  # the first closer after the previous block (-1: none left)
+        while start != -1:
             pieces.append(text[pos:start])
             body_start = start + len(open_tag)
-            end = text.find(close_tag, body_start)
             reopen = text.find(open_tag, body_start)
-            if end == -1 or (reopen != -1 and reopen < end):
+            if close != -1 and close < body_start:
+                close = text.find(close_tag, body_start)
+            if close == -1 or (reopen != -1 and reopen < close):
                 stop = len(text) if reopen == -1 else reopen
-                body = text[body_start:stop]
-                call = call_from_json(body.strip(), raw=text[start:stop])
                 reason = f"unterminated {open_tag}: no {close_tag} before " + (
                     "the end of the turn" if reopen == -1 else f"the next {open_tag}"
                 )
-                calls.append(ToolCall(name=call.name, arguments={}, raw=call.raw, error=reason))
-                pos = stop
+                name = _guess_name(text[body_start:stop])
+                calls.append(ToolCall(name=name, arguments={}, raw=text[start:stop], error=reason))
+                pos, start = stop, reopen
                 continue
-            stop = end + len(close_tag)
-            calls.append(call_from_json(text[body_start:end].strip(), raw=text[start:stop]))
+            stop = close + len(close_tag)
+            if max_calls is not None and len(calls) >= max_calls:  # not decoded: over the cap
+                body = text[body_start:close]
+                error = _over_cap(len(calls), max_calls)
+                calls.append(ToolCall(_guess_name(body), {}, raw=text[start:stop], error=error))
+            else:
+                calls.append(call_from_json(text[body_start:close].strip(), raw=text[start:stop]))
             pos = stop
+            start = reopen if reopen == -1 or reopen >= stop else text.find(open_tag, stop)
         if not calls:
             return text, []
         pieces.append(text[pos:])

@@ -8,9 +8,22 @@ data when the task is made (``tests/envs/test_env_sql.py`` recomputes it with pl
 Tools: ``list_tables()``, ``describe_table(name)``, ``run_sql(query)``. The connection cannot write,
 by three independent layers: ``file:...?mode=ro`` URI, ``PRAGMA query_only=ON``, and an authorizer
 that allows only reads, functions and the read-only schema pragmas (no ATTACH, no PRAGMA writes).
-Results are capped at ``max_rows`` rows; a progress handler interrupts queries that run past the
-tool timeout (a SQLite call cannot otherwise be cancelled); the blob/string length limit stops
-``randomblob(1e9)``-style memory bombs.
+Results are capped at ``max_rows`` rows.
+
+Runaway queries. A progress handler stops a statement at its tool call's deadline
+(:func:`~jaxrl_agents.envs.tools.tool_deadline`) or when the env closes, so a huge cross join ends
+with an ``interrupted`` error at the tool timeout. The string/blob length limit
+(:data:`MAX_STRING_BYTES`) makes ``randomblob(1e9)``-style memory bombs fail at once with "string or
+blob too big", and bounds ``instr``/``replace`` work. SQLite checks for interrupts only between VM
+instructions, so a single function call cannot be stopped. The one found to run long whatever the
+length limit, ``printf('%.*c', 2147483647, 'x')`` (~11 s on SQLite 3.40: it appends one character
+at a time past the limit, then returns NULL), is refused up front by a checked ``printf`` /
+``format`` that otherwise delegates to SQLite's own. Anything else that cannot be interrupted only
+pins its tool worker thread: the episode gets its ``timeout`` error on time, and no connection is
+ever waited on. Each connection is used by one thread at a time (:class:`ReadOnlyConnections`): a
+call that finds the env's connection still held by an abandoned statement opens another, the
+abandoned statement's thread closes its connection when it returns, and ``close()`` only
+interrupts busy connections and closes the idle one, so it never blocks the event loop.
 
 Required step ``query_answer``: a successful ``run_sql`` whose result has the answer in a cell.
 Verdict: numbers within 0.01 (2-decimal questions) or exactly; names must be mentioned and no
@@ -19,9 +32,11 @@ other name of the same table may be (listing every customer does not pass).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
+import math
 import os
 import random
 import re
@@ -29,12 +44,12 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from jaxrl_agents.envs.base import Env, EnvConfig, check_split, last_number, mentions, split_of
-from jaxrl_agents.envs.tools import ToolError, tool
+from jaxrl_agents.envs.tools import ToolError, tool, tool_deadline
 from jaxrl_agents.types import Ann, Message, Task, Verdict
 
 SCHEMA_VERSION = 1
@@ -74,6 +89,13 @@ CREATE TABLE orders (order_id INTEGER PRIMARY KEY,
                      product_id INTEGER NOT NULL REFERENCES products(product_id),
                      quantity INTEGER NOT NULL, order_date TEXT NOT NULL);
 """
+MAX_STRING_BYTES = 100_000
+"""``SQLITE_LIMIT_LENGTH`` of the env's connections: no string, blob or row may be longer (results
+are shown capped at ``tool_output_max_chars`` anyway)."""
+MAX_LIKE_PATTERN = 1_000
+"""``SQLITE_LIMIT_LIKE_PATTERN_LENGTH`` of the env's connections."""
+PROGRESS_OPS = 1_000
+"""VM instructions between two checks of the deadline."""
 _READ_PRAGMAS = {"table_info", "table_xinfo", "index_list", "index_info", "foreign_key_list"}
 _ALLOWED = {
     sqlite3.SQLITE_SELECT,
@@ -156,12 +178,143 @@ def _authorizer(action: int, arg1: Any, arg2: Any, db: Any, trigger: Any) -> int
 
 
 def connect_readonly(path: Path) -> sqlite3.Connection:
-    """A connection that cannot modify ``path`` (see module docstring for the three layers)."""
+    """A connection that cannot modify ``path`` (see module docstring for the three layers), with
+    the length limits and the checked ``printf``/``format``."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
     conn.execute("PRAGMA query_only=ON")
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_STRING_BYTES)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_LIKE_PATTERN)
+    for name in ("printf", "format"):
+        conn.create_function(name, -1, _checked_printf, deterministic=True)
     conn.set_authorizer(_authorizer)
     return conn
+
+
+# -- printf without the uninterruptible repeat -----------------------------------------------------
+
+# A ``%c`` conversion, flags/width/precision included (SQLite reads these chars in any order).
+# ``%%`` is not skipped: a literal "%%.*c" is refused too, which only errs on the safe side.
+_CHAR_SPEC = re.compile(r"%[-+ #!0,0-9.*l]*c")
+_INT_PREFIX = re.compile(r"\s*([+-]?\d{1,25})")
+_FLOAT_PREFIX = re.compile(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d{1,5})?)")
+_printf_local = threading.local()  # per worker thread: a helper connection, the last refusal
+
+
+def _int32_magnitudes(value: Any) -> list[int]:
+    """Every |precision| SQLite could read from ``value`` as a ``*`` argument (int64, then cast to
+    a C int), taking each plausible conversion of text so that none is missed."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    ints: list[int] = []
+    if isinstance(value, int):
+        ints = [value]
+    elif isinstance(value, float):
+        ints = [int(value)] if math.isfinite(value) else [2**63 - 1]
+    elif isinstance(value, str):
+        if m := _INT_PREFIX.match(value):
+            ints.append(int(m.group(1)))
+        if m := _FLOAT_PREFIX.match(value):
+            f = float(m.group(1))
+            ints.append(int(f) if math.isfinite(f) else 2**63 - 1)
+        if re.match(r"\s*[+-]?\d{26}", value):
+            ints.append(2**63 - 1)
+    out = []
+    for v in ints:
+        v = max(-(2**63), min(2**63 - 1, v))
+        v = (v + 2**31) % 2**32 - 2**31  # (int) cast
+        out.append(abs(v))
+    return out
+
+
+def _printf_refusal(fmt: Any, args: tuple[Any, ...]) -> str | None:
+    """Why ``printf(fmt, *args)`` is refused: a ``%c`` whose precision exceeds the length limit
+    (SQLite repeats the character one append at a time, uninterruptibly)."""
+    if not isinstance(fmt, str | bytes):
+        return None
+    text = fmt.decode("utf-8", "replace") if isinstance(fmt, bytes) else fmt
+    for m in _CHAR_SPEC.finditer(text):
+        spec = m.group(0)
+        if "." not in spec:  # a width is padded in one step; only precision repeats
+            continue
+        for digits in re.findall(r"\d+", spec):
+            if len(digits) > 20 or (int(digits) % 2**32) & 0x7FFFFFFF > MAX_STRING_BYTES:
+                return f"printf: {spec!r} repeats a character more than {MAX_STRING_BYTES} times"
+        if "*" in spec and any(n > MAX_STRING_BYTES for a in args for n in _int32_magnitudes(a)):
+            return f"printf: {spec!r} repeats a character more than {MAX_STRING_BYTES} times"
+    return None
+
+
+def _checked_printf(*args: Any) -> Any:
+    """SQLite's ``printf``/``format``, refusing only a ``%c`` precision above the length limit."""
+    if args and (reason := _printf_refusal(args[0], args[1:])):
+        _printf_local.refused = reason
+        raise ValueError(reason)
+    helper = getattr(_printf_local, "conn", None)
+    if helper is None:
+        helper = _printf_local.conn = sqlite3.connect(":memory:")
+        helper.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_STRING_BYTES)
+    sql = "SELECT printf(" + ",".join("?" * len(args)) + ")"
+    return helper.execute(sql, args).fetchone()[0]
+
+
+class ReadOnlyConnections:
+    """One env's read-only connections to ``path``; each is used by one thread at a time and no
+    thread ever waits on one.
+
+    :meth:`use` (on a tool's worker thread) takes the idle connection, or opens a new one when
+    there is none (the last one is still held by an abandoned statement), and gives it back
+    afterwards; a connection given back when one is already idle, or after :meth:`close`, is
+    closed by that thread. :meth:`close` interrupts the busy connections (their threads close them
+    when their statements return) and closes the idle one, which no thread holds: it never blocks.
+    """
+
+    def __init__(self, path: Path, connect: Callable[[Path], sqlite3.Connection]):
+        self.path = path
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._idle: sqlite3.Connection | None = None
+        self._busy: set[sqlite3.Connection] = set()
+        self.closed = False
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._busy) + (self._idle is not None)
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self.closed:
+                raise ToolError("the environment is closed")
+            conn, self._idle = self._idle, None
+        if conn is None:
+            conn = self._connect(self.path)
+        with self._lock:
+            closed = self.closed
+            if not closed:
+                self._busy.add(conn)
+        if closed:
+            conn.close()
+            raise ToolError("the environment is closed")
+        try:
+            yield conn
+        finally:
+            with self._lock:
+                self._busy.discard(conn)
+                keep = not self.closed and self._idle is None
+                if keep:
+                    self._idle = conn
+            if not keep:
+                conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            idle, self._idle = self._idle, None
+            for conn in self._busy:
+                conn.interrupt()  # sqlite3_interrupt: takes no lock, safe from any thread
+        if idle is not None:
+            idle.close()
 
 
 # -- questions -----------------------------------------------------------------------------------
@@ -272,6 +425,13 @@ def _question_pool(db_seed: int) -> list[dict[str, Any]]:
     return pool
 
 
+@functools.lru_cache(maxsize=8)
+def _names(db_seed: int, table: str) -> tuple[str, ...]:
+    """The ``name`` column of ``customers``/``products`` (from the generating rows, not the
+    connection, so judging never touches a connection a runaway statement may hold)."""
+    return tuple(r[1] for r in generate_rows(db_seed)[table])
+
+
 def _cells(output: str) -> list[str]:
     return [c.strip() for line in output.splitlines() for c in line.split("|")]
 
@@ -289,7 +449,7 @@ class SqlEnv(Env):
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.max_rows = max_rows
-        self._conn: sqlite3.Connection | None = None
+        self._db: ReadOnlyConnections | None = None
         self._db_seed: int | None = None
         self._inspected: set[str] = set()  # tables listed/described: part of STATE_KEY
 
@@ -334,13 +494,40 @@ class SqlEnv(Env):
     def setup(self, task: Task, seed: int) -> None:
         self._inspected = set()
         db_seed = int(task.data.get("db_seed", 0))
-        if self._conn is None or self._db_seed != db_seed:
-            if self._conn is not None:
-                self._conn.close()
-            self._conn, self._db_seed = connect_readonly(database_path(db_seed)), db_seed
+        if self._db is None or self._db.closed or self._db_seed != db_seed:
+            if self._db is not None:
+                self._db.close()
+            self._db = ReadOnlyConnections(database_path(db_seed), self.connect)
+            self._db_seed = db_seed
+
+    def connect(self, path: Path) -> sqlite3.Connection:
+        """A new connection for this env's tools (called on a tool worker thread)."""
+        return connect_readonly(path)
+
+    def _query(self, sql: str, n: int | None = None) -> tuple[list[str], list[tuple]]:
+        """Run ``sql`` on a connection of this env until the tool call's deadline (or the env's
+        close): (column names, the first ``n`` rows, all when ``None``). Runs on the tool's
+        worker thread."""
+        if self._db is None:
+            raise ToolError("no episode: reset() was not called")
+        db = self._db
+        deadline = tool_deadline() or time.monotonic() + self.config.tool_timeout_s
+        _printf_local.refused = None
+        with db.use() as conn:
+            conn.set_progress_handler(
+                lambda: int(db.closed or time.monotonic() > deadline), PROGRESS_OPS
+            )
+            try:
+                cur = conn.execute(sql)
+                rows = cur.fetchall() if n is None else cur.fetchmany(n)
+                names = [d[0] for d in cur.description or []]
+                cur.close()
+            finally:
+                conn.set_progress_handler(None, 0)
+        return names, rows
 
     def _tables(self) -> list[str]:
-        rows = self._conn.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")
+        _, rows = self._query("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")
         return [r[0] for r in rows]
 
     # -- tools -------------------------------------------------------------------------------------
@@ -361,7 +548,7 @@ class SqlEnv(Env):
         if name not in tables:
             raise ToolError(f"unknown table {name!r}. Tables: {', '.join(tables)}")
         self._inspected.add(name)
-        cols = self._conn.execute(f"PRAGMA table_info({name})").fetchall()
+        _, cols = self._query(f"PRAGMA table_info({name})")
         return f"{name}(" + ", ".join(f"{c[1]} {c[2]}" for c in cols) + ")"
 
     @tool
@@ -371,23 +558,20 @@ class SqlEnv(Env):
         Args:
             query: a single SELECT statement.
         """
-        deadline = time.monotonic() + self.config.tool_timeout_s
-        self._conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
         try:
-            cur = self._conn.execute(query)
-            rows = cur.fetchmany(self.max_rows + 1)
+            names, rows = self._query(query, self.max_rows + 1)
         except sqlite3.DatabaseError as e:
             msg = str(e)
             if "interrupted" in msg:
                 msg = f"query interrupted after {self.config.tool_timeout_s:g} s"
+            elif "user-defined function raised exception" in msg and _printf_local.refused:
+                msg = _printf_local.refused
             elif "not authorized" in msg or "readonly" in msg or "read-only" in msg:
                 msg = f"{msg} (the database is read-only: only SELECT queries are allowed)"
             raise ToolError(f"SQL error: {msg}") from None
         except sqlite3.Warning as e:  # e.g. "You can only execute one statement at a time."
             raise ToolError(f"SQL error: {e}") from None
-        finally:
-            self._conn.set_progress_handler(None, 0)
-        header = " | ".join(d[0] for d in cur.description or [])
+        header = " | ".join(names)
         lines = [
             " | ".join("NULL" if v is None else str(v) for v in r) for r in rows[: self.max_rows]
         ]
@@ -416,7 +600,7 @@ class SqlEnv(Env):
         d = self.task.data
         ok = answer is not None and self._matches(answer)
         if ok and d["answer_type"] in ("customers", "products"):
-            names = [r[0] for r in self._conn.execute(f"SELECT name FROM {d['answer_type']}")]
+            names = _names(int(d.get("db_seed", 0)), d["answer_type"])
             ok = not any(mentions(answer, n) for n in names if n != d["answer"])
         return Verdict(
             success=ok,
@@ -429,9 +613,11 @@ class SqlEnv(Env):
         )
 
     async def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """Never blocks the event loop: a statement still running (abandoned at its timeout) is
+        interrupted and its worker thread closes its connection when it returns."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
 
 
 def file_sha256(path: Path) -> str:

@@ -4,6 +4,7 @@ exception), the parser registry, and render -> parse round trips through both te
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from hypothesis import assume, given, settings
@@ -16,6 +17,7 @@ from jaxrl_agents.chat import (
     parse_tool_calls,
     register_tool_parser,
 )
+from jaxrl_agents.facts import MAX_ARGUMENT_DEPTH, call_key, decode_arguments
 from jaxrl_agents.types import ToolCall
 
 
@@ -207,3 +209,136 @@ def test_rendered_calls_parse_back_to_the_same_calls(chat, calls, content):
     assert parsed_message["content"] == (content if calls else text)
     # Re-rendering the parsed message reproduces the text exactly (what no-drift relies on).
     assert chat.assistant_text(parsed_message) == text
+
+
+# -- adversarial model output: never raises, linear time, per-turn cap ---------------------
+
+
+@pytest.mark.parametrize("depth", [1000, 100_000])
+def test_deep_nesting_is_an_error_call_not_a_recursion_error(depth):
+    for body in (
+        '{"name": "f", "arguments": ' + "[" * depth + "]" * depth + "}",  # balanced
+        '{"name": "f", "arguments": ' + "[" * depth,  # never closed
+        '{"name": "f", "arguments": "' + "[" * depth + '"}',  # inside an arguments string
+        "{" * depth,
+    ):
+        _, (call,) = parse_tool_calls(block(body))
+        assert call.error is not None and call.arguments == {}, call.error
+        assert call.name in ("f", "")
+
+
+def test_arguments_deeper_than_the_limit_are_rejected():
+    def nested(d):
+        return '{"a": ' * d + "1" + "}" * d
+
+    _, (ok, deep) = parse_tool_calls(
+        block(f'{{"name": "f", "arguments": {nested(MAX_ARGUMENT_DEPTH)}}}')
+        + block(f'{{"name": "f", "arguments": {nested(MAX_ARGUMENT_DEPTH + 1)}}}')
+    )
+    assert ok.error is None
+    assert deep.name == "f" and f"deeper than {MAX_ARGUMENT_DEPTH}" in deep.error
+    cyclic: dict = {}
+    cyclic["self"] = cyclic
+    assert decode_arguments(cyclic) == (
+        {},
+        f'"arguments" are nested deeper than {MAX_ARGUMENT_DEPTH} levels',
+    )
+
+
+def test_huge_integer_is_an_error_call():
+    digits = "9" * 5000  # past Python's 4300-digit int-string limit
+    _, (a, b) = parse_tool_calls(
+        block('{"name": "calculator", "arguments": {"x": ' + digits + "}}")
+        + block('{"name": "calculator", "arguments": "{\\"x\\": ' + digits + '}"}')
+    )
+    assert "invalid JSON" in a.error and "digits" in a.error and a.name == "calculator"
+    assert "not JSON" in b.error and "digits" in b.error and b.name == "calculator"
+
+
+def test_many_unclosed_openers_parse_in_linear_time():
+    text = "<tool_call>" * 100_000
+    t0 = time.perf_counter()
+    content, calls = parse_tool_calls(text)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 1.0, elapsed
+    assert content == "" and len(calls) == 100_000
+    assert all(c.error is not None for c in calls)
+    assert "unterminated" in calls[0].error and "too many tool calls" in calls[-1].error
+
+
+def test_calls_past_the_cap_become_error_calls():
+    one = block('{"name": "calculator", "arguments": {"expression": "1+1"}}') + "\n"
+    content, calls = parse_tool_calls("Go.\n" + one * 10_000)
+    assert content == "Go." and len(calls) == 10_000
+    assert [c.error for c in calls[:16]] == [None] * 16
+    assert all(c.name == "calculator" and c.arguments == {} for c in calls[16:])
+    assert all(c.error and "only the first 16 are run" in c.error for c in calls[16:])
+    assert calls[16].error.endswith("call 17 was not run") and calls[-1].id == "call_9999"
+
+    _, calls = parse_tool_calls(one * 5, max_calls=2)
+    assert [c.error is None for c in calls] == [True, True, False, False, False]
+    _, calls = parse_tool_calls(one * 20, max_calls=None)
+    assert all(c.error is None for c in calls)
+    with pytest.raises(ValueError, match="max_calls"):
+        parse_tool_calls(one, max_calls=-1)
+
+    chat = ChatFormat(load_tiny_tokenizer())
+    assert chat.max_tool_calls == 16
+    message, calls = chat.parse_assistant(one * 20)
+    assert len(calls) == 20 and len(message["tool_calls"]) == 16
+    chat.max_tool_calls = 3
+    message, calls = chat.parse_assistant(one * 20)
+    assert len(message["tool_calls"]) == 3 and sum(c.error is None for c in calls) == 3
+
+
+def test_the_cap_applies_to_plugin_parsers_and_a_crashing_plugin_is_an_error_call():
+    @register_tool_parser("test_many")
+    def many(text: str) -> tuple[str, list[ToolCall]]:
+        if text == "crash":
+            raise RuntimeError("bug")
+        return "", [ToolCall(name="f", arguments={"i": i}) for i in range(int(text))]
+
+    try:
+        _, calls = parse_tool_calls("20", format="test_many")
+        assert [c.error is None for c in calls] == [True] * 16 + [False] * 4
+        content, (call,) = parse_tool_calls("crash", format="test_many")
+        assert content == "crash" and "RuntimeError: bug" in call.error
+    finally:
+        TOOL_CALL_PARSERS.pop("test_many")
+
+
+_garbage = st.one_of(
+    st.text(max_size=200),
+    st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
+    st.lists(
+        st.sampled_from(["<tool_call>", "</tool_call>", "[", "{", '"', "\\", "9" * 50, ":"]),
+        max_size=60,
+    ).map("".join),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_garbage, st.integers(0, 4))
+def test_random_garbage_never_raises(text, max_calls):
+    content, calls = parse_tool_calls(text, max_calls=max_calls)
+    assert isinstance(content, str)
+    assert sum(c.error is None for c in calls) <= max_calls
+    assert all(c.arguments == {} for c in calls if c.error is not None)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\x00\x01\x02<tool_call>\ud800</tool_call>",
+        "<tool_call>" + "\\" * 10_001,
+        "<tool_call>{" + '"name":' * 10_000 + "</tool_call>",
+        "<tool_call>" + '{"name": "f", "arguments": {"a": 1e999, "b": NaN}}' + "</tool_call>",
+        "<tool_call>" + '{"name": "f", "arguments": {"x": ' + "1" * 4000 + "}}" + "</tool_call>",
+        "</tool_call><tool_call><tool_call></tool_call></tool_call>",
+    ],
+)
+def test_nasty_inputs_never_raise(text):
+    _, calls = parse_tool_calls(text)
+    assert calls
+    for c in calls:  # what the env computes from a call must not raise either
+        assert call_key(c) and c.signature()

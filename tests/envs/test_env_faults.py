@@ -4,9 +4,11 @@ exception out of ``step``, and a turn's wall time stays bounded."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from jaxrl_agents.envs import Env, tool
+from jaxrl_agents.envs.tools import WorkerPool, tool_deadline, tool_pool
 from jaxrl_agents.types import Ann, Task, ToolCall, ToolErrorKind, Verdict
 
 
@@ -144,3 +146,102 @@ def test_many_concurrent_episodes_with_hanging_tools_finish_together():
     kinds = asyncio.run(main())
     assert time.perf_counter() - t0 < 2.0
     assert set(kinds) == {ToolErrorKind.TIMEOUT}
+
+
+class _Ticker:
+    """Measures the event loop's responsiveness: the longest gap between 10 ms ticks."""
+
+    def __init__(self):
+        self.max_gap = 0.0
+        self._task = None
+
+    async def _run(self):
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            self.max_gap = max(self.max_gap, now - last)
+            last = now
+
+    def __enter__(self):
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc):
+        self._task.cancel()
+
+
+def test_timed_out_sync_calls_keep_threads_bounded_and_the_loop_responsive():
+    baseline = threading.active_count()
+    pool = tool_pool()
+
+    async def episode(peak):
+        env = FaultyEnv(tool_timeout_s=0.01)
+        await env.reset(TASK)
+        kinds = []
+        for _ in range(10):
+            step = await env.step({"role": "assistant"}, [ToolCall("hang_sync", {"seconds": 0.5})])
+            kinds.append(step.tool_results[0].error_kind)
+            peak[0] = max(peak[0], threading.active_count())
+        return kinds
+
+    async def main():
+        peak = [0]
+        with _Ticker() as ticker:
+            t0 = time.perf_counter()
+            kinds = await asyncio.gather(*[episode(peak) for _ in range(20)])  # 200 calls
+            elapsed = time.perf_counter() - t0
+            await asyncio.sleep(0.6)  # the abandoned sleepers finish; their workers come back
+            env = FaultyEnv(tool_timeout_s=2.0)
+            await env.reset(TASK)
+            after = await env.step({"role": "assistant"}, [ToolCall("echo", {"text": "hi"})])
+        return kinds, elapsed, peak[0], ticker.max_gap, after
+
+    kinds, elapsed, peak, max_gap, after = asyncio.run(main())
+    assert {k for ks in kinds for k in ks} == {ToolErrorKind.TIMEOUT}
+    assert elapsed < 2.0, elapsed  # each timed-out call is abandoned at once
+    assert peak <= baseline + pool.max_workers + 3, (peak, baseline, pool.max_workers)
+    assert threading.active_count() <= baseline + pool.max_workers + 3
+    assert pool.threads <= pool.max_workers
+    assert max_gap < 0.2, max_gap
+    assert after.messages[0]["content"] == "hi"  # the pool works again
+
+
+def test_worker_pool_reuses_idle_workers_and_cancels_queued_calls():
+    pool = WorkerPool(2, name="test")
+    gate = threading.Event()
+    try:
+        busy = [pool.submit(gate.wait, 5) for _ in range(2)]
+        queued = pool.submit(lambda: "never")
+        assert pool.threads == 2 and queued.cancel()
+        gate.set()
+        assert [f.result(timeout=5) for f in busy] == [True, True]
+        assert [pool.submit(lambda i=i: i * i).result(timeout=5) for i in range(20)] == [
+            i * i for i in range(20)
+        ]
+        assert pool.threads == 2 and all(t.daemon for t in pool._threads)
+        failing = pool.submit(lambda: 1 / 0)
+        assert isinstance(failing.exception(timeout=5), ZeroDivisionError)
+    finally:
+        pool.shutdown()
+    assert not any(t.is_alive() for t in pool._threads)
+
+
+def test_sync_tools_see_their_deadline():
+    seen = {}
+
+    class DeadlineEnv(FaultyEnv):
+        @tool
+        def when(self) -> str:
+            """Reports the call's deadline."""
+            seen["deadline"], seen["now"] = tool_deadline(), time.monotonic()
+            return "ok"
+
+    async def go():
+        env = DeadlineEnv(tool_timeout_s=3.0)
+        await env.reset(TASK)
+        return await env.step({"role": "assistant"}, [ToolCall("when", {})])
+
+    assert asyncio.run(go()).tool_results[0].ok
+    assert 2.5 < seen["deadline"] - seen["now"] <= 3.0
+    assert tool_deadline() is None

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import threading
+import time
 from collections import Counter
 
 import pytest
 
 from jaxrl_agents.envs.base import drive
 from jaxrl_agents.envs.sql import (
+    MAX_STRING_BYTES,
     MONTHS,
     SqlEnv,
     database_path,
@@ -162,3 +166,157 @@ def test_schema_tools_and_unknown_table():
         "Error: unknown table 'ordrs'. Tables: customers, orders, products"
     )
     assert step.messages[2]["content"].startswith("orders(order_id INTEGER, customer_id INTEGER")
+
+
+# -- runaway statements: stopped on time, never stalling the event loop ---------------------
+
+RUNAWAYS = {
+    "printf": "SELECT printf('%.*c', 2147483647, 'x')",  # one uninterruptible call (~11 s)
+    "printf_literal": "SELECT format('%.4294967295c', 'x')",
+    "cross_join": "SELECT COUNT(*) FROM orders a, orders b, orders c",  # 216M rows
+    "recursive": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) "
+    "SELECT MAX(i) FROM r",
+}
+
+
+class SlowSqlEnv(SqlEnv):
+    """Its connections have ``sleep(s)``: a statement SQLite cannot interrupt."""
+
+    def connect(self, path):
+        conn = super().connect(path)
+        conn.create_function("sleep", 1, lambda s: time.sleep(s) or 1)
+        self.opened.append(conn)
+        return conn
+
+    opened: list = []
+
+
+def _ticker():
+    gaps = [0.0]
+
+    async def tick():
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps[0] = max(gaps[0], now - last)
+            last = now
+
+    return gaps, tick
+
+
+def _is_closed(conn) -> bool:
+    """Only for a connection no thread is using."""
+    try:
+        conn.execute("SELECT 1")
+    except sqlite3.ProgrammingError:
+        return True
+    return False
+
+
+def test_runaway_queries_end_within_the_timeout_and_close_never_blocks():
+    task = SqlEnv.make_tasks("train", 1)[0]
+    gaps, tick = _ticker()
+
+    async def one(query):
+        env = SqlEnv(tool_timeout_s=0.5)
+        await env.reset(task)
+        t0 = time.perf_counter()
+        step = await env.step({"role": "assistant"}, [ToolCall("run_sql", {"query": query})])
+        elapsed = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        db = env._db
+        await env.close()
+        return step.tool_results[0], elapsed, time.perf_counter() - t1, db
+
+    async def main():
+        ticker = asyncio.get_running_loop().create_task(tick())
+        out = await asyncio.gather(*[one(q) for q in RUNAWAYS.values()])
+        ticker.cancel()
+        return out
+
+    results = dict(zip(RUNAWAYS, asyncio.run(main()), strict=True))
+    for name, (result, elapsed, close_s, _) in results.items():
+        assert not result.ok, (name, result.content)
+        assert elapsed < 0.5 + 0.4, (name, elapsed)
+        assert close_s < 0.5, (name, close_s)
+    for name in ("printf", "printf_literal"):  # refused up front, not left running
+        result, elapsed, _, _ = results[name]
+        assert result.error_kind is ToolErrorKind.TOOL_ERROR and elapsed < 0.2, (name, elapsed)
+        assert f"repeats a character more than {MAX_STRING_BYTES} times" in result.content
+    for name in ("cross_join", "recursive"):  # interrupted by the deadline
+        result, elapsed, _, db = results[name]
+        assert result.error_kind in (ToolErrorKind.TIMEOUT, ToolErrorKind.TOOL_ERROR), name
+        assert "timed out" in result.content or "interrupted" in result.content, result.content
+        assert elapsed > 0.4, (name, elapsed)
+        deadline = time.monotonic() + 1.0  # really stopped, not left running in its thread
+        while db.open_connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert db.open_connections == 0, name
+    assert gaps[0] < 1.0, gaps[0]
+
+
+def test_uninterruptible_statement_cannot_stall_the_loop_or_the_env():
+    task = SqlEnv.make_tasks("train", 1)[0]
+    SlowSqlEnv.opened = []
+    env = SlowSqlEnv(tool_timeout_s=0.5)
+    gaps, tick = _ticker()
+
+    async def main():
+        ticker = asyncio.get_running_loop().create_task(tick())
+        await env.reset(task)
+        t0 = time.perf_counter()
+        slow = await env.step(
+            {"role": "assistant"}, [ToolCall("run_sql", {"query": "SELECT sleep(3)"})]
+        )
+        slow_s = time.perf_counter() - t0
+        # The first connection is still held by the abandoned statement: the env opens another.
+        ok = await env.step(
+            {"role": "assistant"}, [ToolCall("run_sql", {"query": "SELECT COUNT(*) FROM orders"})]
+        )
+        verdict = await env.verify()  # judging never touches a connection
+        db = env._db
+        t1 = time.perf_counter()
+        await env.close()
+        close_s = time.perf_counter() - t1
+        ticker.cancel()
+        return slow, slow_s, ok, verdict, close_s, db
+
+    slow, slow_s, ok, verdict, close_s, db = asyncio.run(main())
+    assert slow.tool_results[0].error_kind is ToolErrorKind.TIMEOUT and slow_s < 0.9, slow_s
+    assert ok.tool_results[0].ok and "600" in ok.messages[0]["content"]
+    assert not verdict.success
+    assert close_s < 0.5, close_s
+    assert gaps[0] < 1.0, gaps[0]
+    first, second = SlowSqlEnv.opened
+    assert _is_closed(second)  # the idle one: closed by close()
+    # The first is still busy in its worker thread (touching it from here would wait on it; with
+    # a Python function running in it, that deadlocks): the worker closes it when it returns.
+    assert db.closed and db.open_connections == 1
+    deadline = time.monotonic() + 5
+    while db.open_connections and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert db.open_connections == 0 and _is_closed(first)
+    assert sum(t.name.startswith("tool-") for t in threading.enumerate()) <= 32
+
+
+def test_printf_still_works_and_refusals_are_readable():
+    task = SqlEnv.make_tasks("train", 1)[0]
+    env = SqlEnv()
+
+    async def go():
+        await env.reset(task)
+        queries = [
+            "SELECT printf('%.2f|%5s|%.*c', 3.14159, 'ab', 3, 'x')",
+            "SELECT printf('%.*c', '2147483647', 'x')",
+            "SELECT length(randomblob(2000000000))",
+        ]
+        calls = [ToolCall("run_sql", {"query": q}) for q in queries]
+        step = await env.step({"role": "assistant"}, calls)
+        await env.close()
+        return [m["content"] for m in step.messages]
+
+    fmt, refused, blob = asyncio.run(go())
+    assert fmt.splitlines()[1] == "3.14|   ab|xxx"
+    assert refused.startswith("Error: SQL error: printf:") and "more than" in refused
+    assert blob == "Error: SQL error: string or blob too big"
