@@ -177,8 +177,9 @@ class Trajectory:
     signal the reward, advantage and evaluation code needs.
 
     Invariants: ``len(token_ids) == len(loss_mask) == len(logprobs)``; ``loss_mask[i] == 1`` iff
-    token ``i`` was sampled by the policy; ``logprobs[i]`` is the sampler's logprob of token ``i``
-    under the policy (0.0 where the mask is 0).
+    token ``i`` was sampled by the policy; ``logprobs[i]`` is the behaviour logprob of token
+    ``i``: under the distribution it was sampled from (temperature and filters applied; the
+    policy's own when sampling at temperature 1 unfiltered or greedily), 0.0 where the mask is 0.
     """
 
     task: Task

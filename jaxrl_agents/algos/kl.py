@@ -5,7 +5,12 @@ With ``log_r = ref_logprobs - logprobs`` on tokens sampled from the policy:
 
 * ``k1 = -log_r``                  unbiased for KL(pi || ref), high variance, can be negative;
 * ``k2 = log_r^2 / 2``             biased, low variance, always >= 0;
-* ``k3 = exp(log_r) - 1 - log_r``  unbiased, low variance, always >= 0 (GRPO's choice as a loss).
+* ``k3 = exp(log_r) - 1 - log_r``  unbiased, low variance, always >= 0 (GRPO's choice as a loss);
+  bounded as verl bounds it (``verl/trainer/ppo/core_algos.py``, ``kl_penalty`` for
+  ``low_var_kl`` / ``k3``): ``log_r`` clamped to ``[-20, 20]`` before ``exp``, the estimate clamped
+  to ``[-10, 10]`` (so at most ``K3_BOUND``; no gradient through a clamped value). Without the
+  bound one token the policy finds far less likely than the reference (``logp = -5``,
+  ``ref = -1``: 49.6) dominates the whole KL term.
 
 As a *loss*, differentiate through ``logprobs`` (``ref_logprobs`` is a constant). Note that the
 gradient of k1/k3 as a loss is not the gradient of the true KL (k2's is, at ratio 1); this is the
@@ -23,6 +28,8 @@ import jax.numpy as jnp
 
 Array = jax.Array
 KL_ESTIMATORS = ("k1", "k2", "k3")
+K3_BOUND = 10.0
+"""k3 is clamped to ``[-K3_BOUND, K3_BOUND]`` (verl's ``torch.clamp(kld, min=-10, max=10)``)."""
 
 
 def kl_penalty(
@@ -36,8 +43,9 @@ def kl_penalty(
         return 0.5 * log_r**2
     if kind == "k3":
         # Clamp the exponent: a token the reference finds far likelier would overflow exp().
+        # Then bound the estimate itself, as verl does: torch.clamp(kld, min=-10, max=10).
         log_r = jnp.clip(log_r, -20.0, 20.0)
-        return jnp.exp(log_r) - 1.0 - log_r
+        return jnp.clip(jnp.exp(log_r) - 1.0 - log_r, -K3_BOUND, K3_BOUND)
     raise ValueError(f"unknown KL estimator {kind!r}; valid: {', '.join(KL_ESTIMATORS)}")
 
 

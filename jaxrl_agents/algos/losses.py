@@ -21,6 +21,20 @@ Every mode is ``numerator / denominator``; pass ``denominator=aggregation_denomi
 ...)`` when a batch is split into micro-batches so the summed micro-batch losses equal the
 full-batch loss.
 
+Numerics: every importance log-ratio is clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` (20)
+before ``exp``, with the gradient flowing only inside the range (verl ``core_algos``
+``compute_policy_loss``: ``torch.clamp(negative_approx_kl, -20, 20)``), so one token whose old
+logprob is far below its new one cannot overflow ``exp`` and turn the whole gradient into NaN.
+
+Sampler/learner mismatch (``LossConfig.is_correction``; :func:`rollout_correction`): the rollout's
+behaviour logprobs ``mu`` come from the sampler (another dtype, kernels, or a stale policy); the
+learner recomputes ``pi_old`` at the step's starting weights. The PPO ratio then uses ``pi_old`` and
+the per-token loss is corrected with ``rho = pi_old / mu`` (verl's "rollout correction",
+``algorithm.rollout_correction``; F. Yao et al. 2025, "Your efficient RL framework secretly brings
+you off-policy RL training", fengyao.notion.site/off-policy-rl): truncated IS multiplies the
+per-token policy loss by ``min(rho, cap)``, masked IS drops the tokens (sequences) whose ``rho``
+leaves ``[1/cap, cap]``.
+
 Deviation: the value loss uses the same aggregation mode (and denominator) as the policy loss, so
 micro-batch weighting stays consistent; published PPO code mostly uses token-mean for it.
 """
@@ -28,6 +42,7 @@ micro-batch weighting stays consistent; published PPO code mostly uses token-mea
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -38,6 +53,9 @@ from jaxrl_agents.algos.kl import KL_ESTIMATORS, kl_penalty
 
 Array = jax.Array
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+IS_CORRECTIONS = ("none", "tis_token", "tis_seq", "mis_token", "mis_seq", "mis_geo")
+LOG_RATIO_BOUND = 20.0
+"""Importance log-ratios are clamped to +-this before exp (verl: 20; exp(20) ~ 4.9e8)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +86,27 @@ class LossConfig:
     """Clip of the value prediction around the rollout's value (PPO's clipped value loss)."""
     max_len_norm: int | None = None
     """Dr. GRPO's constant for ``seq-mean-token-sum-norm``; None: the padded length ``T``."""
+    is_correction: str = "none"
+    """Sampler/learner mismatch correction (one of ``IS_CORRECTIONS``), with ``rho = pi_old / mu``
+    (``pi_old``: the learner at the step's starting weights, ``mu``: the sampler's behaviour
+    logprob). Any value but ``none`` adds one forward pass per step (``pi_old``), which then
+    replaces ``mu`` as the PPO ratio's denominator.
+
+    * ``tis_token``: per-token loss x ``min(rho_t, cap)`` (verl ``rollout_is: token``).
+    * ``tis_seq``:   per-token loss x ``min(prod_t rho_t, cap)`` (product over the sequence's
+      sampled tokens, verl ``rollout_is: sequence``).
+    * ``mis_token``: drop tokens with ``rho_t`` outside ``[1/cap, cap]`` (verl ``rollout_rs:
+      token``).
+    * ``mis_seq``:   drop sequences whose product ``prod_t rho_t`` leaves ``[1/cap, cap]``
+      (verl ``rollout_rs: sequence``).
+    * ``mis_geo``:   drop sequences whose geometric mean ``exp(mean_t log rho_t)`` leaves
+      ``[1/cap, cap]`` (verl ``rollout_rs: geometric``; use a cap close to 1, e.g. 1.001-1.01).
+
+    Dropped tokens leave the loss mask (every term and the aggregation denominators), as verl's
+    rejection does; truncation weights only the policy-gradient term."""
+    is_cap: float = 2.0
+    """The truncation cap / masking bound of ``is_correction`` (verl ``rollout_is_threshold``,
+    default 2.0; the masking range is ``[1/is_cap, is_cap]``). Must be > 1."""
 
     def __post_init__(self) -> None:
         if self.name not in POLICY_LOSSES:
@@ -84,6 +123,12 @@ class LossConfig:
             raise ValueError(f"dual_clip must be None or > 1, got {self.dual_clip}")
         if self.clip_low < 0 or self.clip_high < 0:
             raise ValueError(f"clip_low={self.clip_low} / clip_high={self.clip_high} must be >= 0")
+        if self.is_correction not in IS_CORRECTIONS:
+            raise ValueError(
+                f"unknown is_correction {self.is_correction!r}; valid: {', '.join(IS_CORRECTIONS)}"
+            )
+        if not self.is_cap > 1.0:
+            raise ValueError(f"is_cap={self.is_cap} must be > 1 (masking keeps [1/cap, cap])")
 
 
 # -- aggregation ------------------------------------------------------------------------------
@@ -128,6 +173,16 @@ def _masked_mean(x: Array, mask: Array) -> Array:
     return jnp.where(mask > 0, x, 0.0).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
+def clamp_log_ratio(log_ratio: Array) -> Array:
+    """``log_ratio`` clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]``; the gradient is the
+    identity inside the range and 0 outside (so ``exp`` of it is finite and so is its gradient)."""
+    return jnp.clip(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
+
+def _ratio(logprobs: Array, old_logprobs: Array) -> Array:
+    return jnp.exp(clamp_log_ratio(logprobs - jax.lax.stop_gradient(old_logprobs)))
+
+
 # -- policy losses ----------------------------------------------------------------------------
 
 
@@ -170,8 +225,9 @@ def _clipped_surrogate(ratio: Array, adv: Array, cfg: LossConfig) -> tuple[Array
 @register_policy_loss("ppo_clip")
 def ppo_clip(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) -> TokenLoss:
     """PPO (Schulman et al. 2017) with decoupled clip (DAPO, Yu et al. 2025) and optional
-    dual-clip: ``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))``, ``r = exp(logp - logp_old)``."""
-    ratio = jnp.exp(logprobs - jax.lax.stop_gradient(old_logprobs))
+    dual-clip: ``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))``, ``r = exp(logp - logp_old)``
+    (log-ratio clamped to +-20)."""
+    ratio = _ratio(logprobs, old_logprobs)
     loss, clipped = _clipped_surrogate(ratio, advantages, cfg)
     return TokenLoss(loss, ratio, clipped)
 
@@ -182,8 +238,8 @@ def gspo(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) -> T
     logp_old))`` clipped as in PPO; ``s_it = sg(s_i) * pi/sg(pi)`` carries the gradient
     ``s_i grad logp_t`` so that with per-sequence advantages and ``seq-mean-token-mean`` this is
     exactly GSPO. Clip ranges are ~1e-4 (paper: 3e-4 / 4e-4), not PPO's 0.2."""
-    lr = (logprobs - jax.lax.stop_gradient(old_logprobs)) * loss_mask
-    seq_lr = lr.sum(-1) / jnp.maximum(loss_mask.sum(-1), 1.0)
+    lr = jnp.where(loss_mask > 0, logprobs - jax.lax.stop_gradient(old_logprobs), 0.0)
+    seq_lr = clamp_log_ratio(lr.sum(-1) / jnp.maximum(loss_mask.sum(-1), 1.0))
     ratio = jnp.exp(
         jax.lax.stop_gradient(seq_lr)[:, None] + logprobs - jax.lax.stop_gradient(logprobs)
     )
@@ -195,7 +251,7 @@ def gspo(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) -> T
 def cispo(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) -> TokenLoss:
     """CISPO (MiniMax-M1, 2025): ``-sg(clip(r, 1-eps_low, 1+eps_high)) A logp``. The importance
     weight is clipped and detached, so no token's gradient is dropped (unlike PPO's clip)."""
-    ratio = jnp.exp(logprobs - jax.lax.stop_gradient(old_logprobs))
+    ratio = _ratio(logprobs, old_logprobs)
     w = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high))
     clipped = (ratio < 1.0 - cfg.clip_low) | (ratio > 1.0 + cfg.clip_high)
     return TokenLoss(-w * advantages * logprobs, ratio, clipped)
@@ -204,7 +260,7 @@ def cispo(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) -> 
 @register_policy_loss("vanilla_pg")
 def vanilla_pg(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) -> TokenLoss:
     """REINFORCE (Williams 1992): ``-A logp`` (on-policy; no importance ratio)."""
-    ratio = jnp.exp(jax.lax.stop_gradient(logprobs - old_logprobs))
+    ratio = jax.lax.stop_gradient(_ratio(logprobs, old_logprobs))
     return TokenLoss(-advantages * logprobs, ratio, jnp.zeros_like(ratio, bool))
 
 
@@ -236,12 +292,18 @@ def policy_loss(
     old_values: Array | None = None,
     returns: Array | None = None,
     denominator: Array | None = None,
+    is_weights: Array | None = None,
+    policy_logprobs: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """Scalar loss ``pg + kl_coef kl - entropy_coef H + vf_coef vf`` and metrics.
 
     All array arguments are ``Float['B T']``; ``denominator`` overrides the aggregation denominator
-    (micro-batching). Metrics: loss, pg_loss, clip_frac, approx_kl (k3 of old vs new), ratio_mean,
-    ratio_max, and kl / entropy / vf_loss / vf_clip_frac when those terms are present.
+    (micro-batching). ``is_weights`` (truncated-IS weights, :func:`rollout_correction`) multiply
+    the per-token policy-gradient loss (no gradient through them). ``policy_logprobs``: the
+    policy's own (temperature-1, unfiltered) logprobs for the KL term when ``logprobs`` are under
+    a sampling transform (default: ``logprobs``). Metrics: loss, pg_loss, clip_frac, approx_kl
+    (k3 of old vs new), ratio_mean, ratio_max, and kl / entropy / vf_loss / vf_clip_frac when
+    those terms are present.
     """
     m = loss_mask
     agg = lambda x: aggregate(x, m, cfg.agg_mode, max_len=cfg.max_len_norm, denominator=denominator)
@@ -252,9 +314,12 @@ def policy_loss(
         loss_mask=m,
         cfg=cfg,
     )
-    pg = agg(tok.loss)
+    tok_loss = tok.loss
+    if is_weights is not None:
+        tok_loss = tok_loss * jax.lax.stop_gradient(is_weights)
+    pg = agg(tok_loss)
     ratio = jax.lax.stop_gradient(tok.ratio)
-    log_ratio = jax.lax.stop_gradient(logprobs - old_logprobs)
+    log_ratio = clamp_log_ratio(jax.lax.stop_gradient(logprobs - old_logprobs))
     metrics = {
         "pg_loss": pg,
         "clip_frac": _masked_mean(tok.clipped.astype(m.dtype), m),
@@ -264,7 +329,8 @@ def policy_loss(
     }
     loss = pg
     if ref_logprobs is not None:
-        kl = agg(kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator))
+        pol = logprobs if policy_logprobs is None else policy_logprobs
+        kl = agg(kl_penalty(pol, ref_logprobs, cfg.kl_estimator))
         metrics["kl"] = jax.lax.stop_gradient(kl)
         if cfg.kl_coef and not cfg.kl_as_reward:
             loss = loss + cfg.kl_coef * kl
@@ -286,3 +352,82 @@ def policy_loss(
         loss = loss + cfg.vf_coef * vf
     metrics["loss"] = jax.lax.stop_gradient(loss)
     return loss, metrics
+
+
+# -- sampler/learner mismatch -----------------------------------------------------------------
+
+
+class RolloutCorrection(NamedTuple):
+    """What :func:`rollout_correction` returns (``Float['B T']`` arrays, scalar diagnostics)."""
+
+    weights: Array | None
+    """Truncated-IS weights for the per-token policy loss (``tis_*``), else None."""
+    keep: Array | None
+    """1 where a token stays in the loss, 0 where masked IS drops it (``mis_*``), else None."""
+    weight_mean: Array
+    """Mean correction weight over the sampled tokens (the kept fraction for ``mis_*``; 1 for
+    ``none``)."""
+    truncated_frac: Array
+    """Fraction of sampled tokens whose weight was truncated at the cap (NaN unless ``tis_*``)."""
+    masked_frac: Array
+    """Fraction of sampled tokens dropped (NaN unless ``mis_*``)."""
+    mismatch_kl: Array
+    """k3 estimate of KL(mu || pi_old) from the behaviour samples, ``exp(l) - 1 - l`` with
+    ``l = log pi_old - log mu`` (clamped to +-20), token mean (verl's ``rollout_corr/k3_kl``)."""
+
+
+def rollout_correction(
+    old_logprobs: Array,
+    behaviour_logprobs: Array,
+    loss_mask: Array,
+    *,
+    mode: str,
+    cap: float,
+) -> RolloutCorrection:
+    """Importance correction between the sampler's behaviour policy ``mu`` and the learner's
+    ``pi_old`` (see ``LossConfig.is_correction``), following verl's ``rollout_corr_helper``.
+
+    ``log rho_t = log pi_old - log mu`` per sampled token; a sequence's ratio is the product
+    ``exp(sum_t log rho_t)`` (``*_seq``) or the geometric mean ``exp(mean_t log rho_t)``
+    (``mis_geo``), each log clamped to +-20 before ``exp``. No gradient flows.
+    """
+    if mode not in IS_CORRECTIONS:
+        raise ValueError(f"unknown is_correction {mode!r}; valid: {', '.join(IS_CORRECTIONS)}")
+    sg = jax.lax.stop_gradient
+    m = loss_mask
+    on = m > 0
+    lr = jnp.where(on, sg(old_logprobs) - sg(behaviour_logprobs), 0.0)
+    lr_c = clamp_log_ratio(lr)
+    nan = jnp.full((), jnp.nan, jnp.float32)
+    mismatch = _masked_mean(jnp.expm1(lr_c) - lr_c, m)
+    if mode == "none":
+        return RolloutCorrection(None, None, jnp.ones((), jnp.float32), nan, nan, mismatch)
+    n_tok = jnp.maximum(m.sum(-1), 1.0)
+    if mode.endswith("_token"):
+        log_w = lr_c
+    elif mode.endswith("_seq"):
+        log_w = jnp.broadcast_to(clamp_log_ratio(lr.sum(-1))[:, None], lr.shape)
+    else:  # mis_geo
+        log_w = jnp.broadcast_to(clamp_log_ratio(lr.sum(-1) / n_tok)[:, None], lr.shape)
+    log_cap = math.log(cap)
+    if mode.startswith("tis"):
+        truncated = on & (log_w > log_cap)
+        w = jnp.where(on, jnp.minimum(jnp.exp(log_w), cap), 0.0)
+        return RolloutCorrection(
+            weights=w,
+            keep=None,
+            weight_mean=_masked_mean(w, m),
+            truncated_frac=_masked_mean(truncated.astype(m.dtype), m),
+            masked_frac=nan,
+            mismatch_kl=mismatch,
+        )
+    inside = (log_w >= -log_cap) & (log_w <= log_cap)
+    keep = jnp.where(on & inside, 1.0, 0.0).astype(m.dtype)
+    return RolloutCorrection(
+        weights=None,
+        keep=keep,
+        weight_mean=_masked_mean(keep, m),
+        truncated_frac=nan,
+        masked_frac=_masked_mean(1.0 - keep, m),
+        mismatch_kl=mismatch,
+    )

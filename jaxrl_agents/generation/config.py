@@ -70,9 +70,10 @@ class SamplingParams:
 
 @dataclasses.dataclass
 class GenerationResult:
-    """One turn's output. ``logprobs`` are under the policy (temperature 1, unfiltered): what the
-    trainer recomputes. ``sampling_logprobs`` are under the distribution actually sampled from
-    (temperature + filters), present only when that differs and is not greedy."""
+    """One turn's output. ``logprobs`` are under the policy (temperature 1, unfiltered).
+    ``sampling_logprobs`` are under the distribution actually sampled from (temperature +
+    filters), present only when that differs and is not greedy: the behaviour logprobs the
+    rollout stores for training."""
 
     token_ids: list[int]
     logprobs: list[float]

@@ -10,8 +10,9 @@ its own seed and positions — never on which other requests share the batch or 
 One uniform per token drives inverse-CDF sampling (cheaper than Gumbel noise over the vocabulary);
 the filters find their thresholds by bisection rather than sorting the vocabulary (see below).
 
-Besides the token, the sampler returns its logprob under the policy (temperature 1, unfiltered:
-what the trainer recomputes) and under the distribution it was drawn from (temperature + filters).
+Besides the token, the sampler returns its logprob under the policy (temperature 1, unfiltered)
+and under the distribution it was drawn from (temperature + filters): the behaviour logprob the
+rollout stores and the trainer recomputes under the same transform (``training.logprobs``).
 Checked against plain-Python reference distributions: ``pytest tests/generation/test_sampling.py``.
 """
 

@@ -49,6 +49,7 @@ from jaxrl_agents.jobs.records import Keys, RunRecord, every
 from jaxrl_agents.jobs.steps import StepSource
 from jaxrl_agents.rollout.scripted import ScriptedEngine
 from jaxrl_agents.training.checkpoint import Checkpointer
+from jaxrl_agents.training.logprobs import SamplingTransform
 from jaxrl_agents.training.metrics import RunLogger
 from jaxrl_agents.training.objectives import sft_loss
 from jaxrl_agents.training.step import LossInputs, TrainState, init_train_state, make_train_step
@@ -284,6 +285,7 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
         sys.graphdef, sys.rest, run.rl_tx, loss_cfg=sys.loss, adv_cfg=cfg.advantage,
         epochs=tr.ppo_epochs, minibatches=tr.minibatches, microbatches=tr.microbatches,
         logprob_chunk=tr.logprob_chunk, batch_sharding=collector.sharding,
+        sampling=SamplingTransform.from_rollout(cfg.rollout),
     )  # fmt: skip
     ref = _reference(run, state, start)
     if ref is not None:

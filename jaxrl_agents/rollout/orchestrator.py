@@ -266,7 +266,12 @@ class Orchestrator:
                     st.end = EndReason.CONTEXT_FULL
                     return
                 start = len(st.ids)
-                st.append(res.token_ids, sampled=True, logprobs=res.logprobs)
+                # Behaviour logprobs: under the distribution actually sampled from (temperature,
+                # top-k/p, min-p) when it differs from the policy; else (T=1, greedy) the policy's.
+                s_lp = getattr(res, "sampling_logprobs", None)
+                st.append(
+                    res.token_ids, sampled=True, logprobs=res.logprobs if s_lp is None else s_lp
+                )
                 text = decode_sampled(chat, res.token_ids)
                 message, calls = chat.parse_assistant(text)
                 turn = Turn(

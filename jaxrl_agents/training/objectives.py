@@ -8,19 +8,32 @@ denominator (``LossInputs.denom``: tokens for token-mean, sequences for the seq-
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 
 from jaxrl_agents.rollout.packing import TrainBatch
-from jaxrl_agents.training.logprobs import token_stats
+from jaxrl_agents.training.logprobs import SamplingTransform, token_stats
 from jaxrl_agents.training.step import LossInputs
 
 
-def _stats(model, mb: TrainBatch, *, chunk: int, with_entropy: bool):
+class RLLossInputs(NamedTuple):
+    """``LossInputs`` of the RL loss, plus the truncated-IS weights of a mismatch correction
+    (``training.update`` builds them; :func:`rl_loss` also accepts a plain ``LossInputs``)."""
+
+    denom: jax.Array
+    """Float[]: the full batch's aggregation denominator (see ``LossInputs.denom``)."""
+    ref_logprobs: jax.Array | None = None
+    """Float['B T']: the frozen reference's (temperature-1) logprobs, when a KL loss term is on."""
+    is_weights: jax.Array | None = None
+    """Float['B T']: truncated-IS weights multiplying the per-token policy loss (``tis_*``)."""
+
+
+def _stats(model, mb: TrainBatch, *, chunk: int, with_entropy: bool, sampling=None):
     return token_stats(
         model, mb.input_ids, mb.positions, mb.segment_ids, mb.target_ids,
-        chunk=chunk, with_entropy=with_entropy,
+        chunk=chunk, with_entropy=with_entropy, sampling=sampling,
     )  # fmt: skip
 
 
@@ -38,17 +51,23 @@ def sft_loss(*, chunk: int):
     return loss_fn
 
 
-def rl_loss(loss_cfg: Any, *, chunk: int):
+def rl_loss(loss_cfg: Any, *, chunk: int, sampling: SamplingTransform | None = None):
     """The configured policy loss (``algos.policy_loss``) on a packed rollout batch.
 
-    ``extra`` holds the full-batch aggregation denominator and, when a KL loss term to the
-    frozen reference is on, the reference logprobs.
+    ``extra`` (``RLLossInputs`` or ``LossInputs``) holds the full-batch aggregation denominator,
+    the reference logprobs when a KL loss term to the frozen reference is on, and the
+    truncated-IS weights of a mismatch correction.
+
+    ``sampling``: the transform the rollouts were sampled under (temperature, top-k/p, min-p;
+    None: temperature 1, unfiltered). The learner's logprobs, the ratio and the entropy are under
+    it, so that they match the stored behaviour logprobs; the KL term to the reference compares
+    the policies themselves (temperature-1 logprobs of both).
     """
     from jaxrl_agents.algos import policy_loss
 
-    def loss_fn(model, mb: TrainBatch, extra: LossInputs):
+    def loss_fn(model, mb: TrainBatch, extra: LossInputs | RLLossInputs):
         need_entropy = getattr(loss_cfg, "entropy_coef", 0.0) != 0.0
-        stats = _stats(model, mb, chunk=chunk, with_entropy=True)
+        stats = _stats(model, mb, chunk=chunk, with_entropy=True, sampling=sampling)
         loss, metrics = policy_loss(
             logprobs=stats.logprobs,
             old_logprobs=mb.old_logprobs,
@@ -58,6 +77,8 @@ def rl_loss(loss_cfg: Any, *, chunk: int):
             ref_logprobs=extra.ref_logprobs,
             entropy=stats.entropy if need_entropy else None,
             denominator=extra.denom,
+            is_weights=getattr(extra, "is_weights", None),
+            policy_logprobs=stats.policy_logprobs,
         )
         mask = mb.loss_mask
         n = jnp.maximum(jnp.sum(mask), 1.0)

@@ -2,9 +2,18 @@
 
 ``update(state, batch, episodes, key, ref_params) -> (state, RLMetrics)`` does, on device:
 
+0. **Old policy** (only when ``loss.is_correction`` is on, or a KL reward needs the policy's
+   temperature-1 logprobs under a sampling transform): one forward pass of the starting
+   parameters over the batch gives ``pi_old``, the learner's logprobs under the sampling
+   transform. It becomes the PPO ratio's denominator, and ``rho = pi_old / mu`` against the
+   sampler's behaviour logprobs ``mu`` gives the truncated-IS weights or the masked-IS mask
+   (``algos.losses.rollout_correction``). The pass costs about a third of one epoch (forward
+   only), so it is not run when nothing needs it; the mismatch diagnostic then comes free from
+   the first update's forward pass (see ``RLMetrics.mismatch_kl``).
 1. **KL reference** (when the loss has a KL coefficient): the frozen reference's logprobs of the
-   batch; with ``kl_as_reward`` the KL becomes a per-trajectory reward penalty (``algos.kl_reward``)
-   before advantages, otherwise it is a loss term.
+   batch, temperature 1 and unfiltered (the KL is between the policies, not the samplers); with
+   ``kl_as_reward`` the KL becomes a per-trajectory reward penalty (``algos.kl_reward``) before
+   advantages, otherwise it is a loss term.
 2. **Advantages** with the configured estimator on the whole (global) batch, so estimators that
    whiten or normalise over the batch see every process's rows.
 3. **K epochs x M minibatches** as one ``lax.scan``: each epoch draws a permutation of the rows
@@ -32,10 +41,11 @@ from jaxrl_agents.algos import (
     compute_advantages,
     kl_reward,
 )
+from jaxrl_agents.algos.losses import rollout_correction
 from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch
-from jaxrl_agents.training.logprobs import token_stats
-from jaxrl_agents.training.objectives import rl_loss
-from jaxrl_agents.training.step import LossInputs, TrainState, train_step_fn
+from jaxrl_agents.training.logprobs import SamplingTransform, normalize_transform, token_stats
+from jaxrl_agents.training.objectives import RLLossInputs, rl_loss
+from jaxrl_agents.training.step import TrainState, train_step_fn
 
 
 class RLMetrics(NamedTuple):
@@ -60,6 +70,18 @@ class RLMetrics(NamedTuple):
     """Updates of this step dropped by the non-finite guard."""
     adv_mean: jax.Array
     adv_abs: jax.Array
+    mismatch_kl: jax.Array
+    """k3 estimate of KL(sampler || learner) at the step's starting weights, token mean:
+    ``exp(l) - 1 - l``, ``l = log pi_old - log mu`` (verl's ``rollout_corr/k3_kl``). Over the
+    whole batch when the old-policy pass runs (``is_correction`` on), else over the first
+    minibatch's rows (free: the first update's forward pass is at the starting weights)."""
+    is_weight_mean: jax.Array
+    """Mean mismatch-correction weight over sampled tokens (kept fraction for masked IS); NaN
+    without a correction."""
+    is_truncated_frac: jax.Array
+    """Fraction of sampled tokens whose truncated-IS weight hit the cap (NaN unless ``tis_*``)."""
+    is_masked_frac: jax.Array
+    """Fraction of sampled tokens masked IS dropped (NaN unless ``mis_*``)."""
 
     def as_dict(self) -> dict[str, Any]:
         return self._asdict()
@@ -83,6 +105,7 @@ def make_rl_update(
     microbatches: int,
     logprob_chunk: int,
     batch_sharding: Any = None,
+    sampling: SamplingTransform | None = None,
 ):
     """Build the jitted ``update(state, batch, episodes, key, ref_params)`` (state donated).
 
@@ -90,29 +113,41 @@ def make_rl_update(
     ``key`` is this step's update key; ``ref_params`` the frozen KL reference (None when the loss
     has no KL term). Rows must divide into ``minibatches``, and a minibatch's rows into
     ``microbatches`` (checked at start-up by the jobs).
-    """
-    step = train_step_fn(
-        graphdef, tx, rl_loss(loss_cfg, chunk=logprob_chunk), microbatches=microbatches, rest=rest
-    )
-    uses_ref = loss_cfg.kl_coef > 0
 
-    def ref_logprobs(ref_params, batch: TrainBatch) -> jax.Array:
-        model = nnx.merge(graphdef, ref_params, rest)
+    ``sampling``: the transform the rollouts were sampled under,
+    ``SamplingTransform.from_rollout(cfg.rollout)`` (None: temperature 1, unfiltered). The
+    learner's logprobs are computed under it so that they match the behaviour logprobs the
+    orchestrator stored (``batch.old_logprobs``).
+    """
+    sampling = normalize_transform(sampling)
+    step = train_step_fn(
+        graphdef, tx, rl_loss(loss_cfg, chunk=logprob_chunk, sampling=sampling),
+        microbatches=microbatches, rest=rest,
+    )  # fmt: skip
+    uses_ref = loss_cfg.kl_coef > 0
+    correct = loss_cfg.is_correction != "none"
+    # The KL reward compares temperature-1 logprobs; under a transform the stored ones are not.
+    need_old = correct or (uses_ref and loss_cfg.kl_as_reward and sampling is not None)
+
+    def stats_of(params, batch: TrainBatch, transform):
+        model = nnx.merge(graphdef, params, rest)
         stats = token_stats(
             model, batch.input_ids, batch.positions, batch.segment_ids, batch.target_ids,
-            chunk=logprob_chunk, with_entropy=False,
+            chunk=logprob_chunk, with_entropy=False, sampling=transform,
         )  # fmt: skip
-        return jax.lax.stop_gradient(stats.logprobs)
+        return jax.tree.map(jax.lax.stop_gradient, stats)
 
     def update(state: TrainState, batch: TrainBatch, episodes: EpisodeArrays, key, ref_params):
         nan = jnp.full((), jnp.nan, jnp.float32)
         rewards, kl_rew, ref_lp = episodes.rewards, nan, None
+        behaviour = batch.old_logprobs
+        old = stats_of(state.params, batch, sampling) if need_old else None
         if uses_ref:
-            ref_lp = ref_logprobs(ref_params, batch)
+            ref_lp = stats_of(ref_params, batch, None).logprobs
             if loss_cfg.kl_as_reward:
                 rewards, kl_traj = kl_reward(
                     rewards,
-                    logprobs=batch.old_logprobs,
+                    logprobs=behaviour if old is None else old.policy_logprobs,
                     ref_logprobs=ref_lp,
                     loss_mask=batch.loss_mask,
                     kind=loss_cfg.kl_estimator,
@@ -143,6 +178,18 @@ def make_rl_update(
         adv_mean = jnp.sum(adv.advantages * mask) / n_tok
         adv_abs = jnp.sum(jnp.abs(adv.advantages) * mask) / n_tok
 
+        is_w, corr = None, None
+        if old is not None:
+            corr = rollout_correction(
+                old.logprobs, behaviour, mask, mode=loss_cfg.is_correction, cap=loss_cfg.is_cap
+            )
+        if correct:
+            # pi_old is the ratio's denominator; mu enters only through rho.
+            batch = batch._replace(old_logprobs=old.logprobs)
+            if corr.keep is not None:  # masked IS: the dropped tokens leave the loss
+                batch = batch._replace(loss_mask=mask * corr.keep)
+            is_w = corr.weights
+
         rows = batch.input_ids.shape[0]
         per_mb = rows // minibatches
         epoch_keys = jax.vmap(lambda e: jax.random.fold_in(key, e))(jnp.arange(epochs))
@@ -153,12 +200,13 @@ def make_rl_update(
             take = lambda x: x[pick]
             mb = jax.tree.map(take, batch)
             ref_mb = None if ref_lp is None else take(ref_lp)
+            w_mb = None if is_w is None else take(is_w)
             if batch_sharding is not None:
                 mb = jax.lax.with_sharding_constraint(mb, batch_sharding)
             denom = aggregation_denominator(
                 mb.loss_mask, loss_cfg.agg_mode, max_len=loss_cfg.max_len_norm
             )
-            st, m = step(st, mb, LossInputs(denom=denom, ref_logprobs=ref_mb))
+            st, m = step(st, mb, RLLossInputs(denom=denom, ref_logprobs=ref_mb, is_weights=w_mb))
             return st, m
 
         state, ms = jax.lax.scan(one_update, state, picks)
@@ -170,6 +218,12 @@ def make_rl_update(
             skipped=jnp.sum(ms["nonfinite"].astype(jnp.int32)),
             adv_mean=adv_mean,
             adv_abs=adv_abs,
+            # Without the old-policy pass, the first update's approx_kl is k3(mu -> pi) at the
+            # starting weights over the first minibatch: the mismatch, for free.
+            mismatch_kl=ms["approx_kl"][0] if corr is None else corr.mismatch_kl,
+            is_weight_mean=corr.weight_mean if correct else nan,
+            is_truncated_frac=corr.truncated_frac if correct else nan,
+            is_masked_frac=corr.masked_frac if correct else nan,
         )
         return state, metrics
 
