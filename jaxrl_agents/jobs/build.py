@@ -122,6 +122,22 @@ def build_model(spec: ModelSpec, *, vocab_size: int, mesh=None, seed: int = 0):
     return shard_model(model, mesh) if mesh is not None else model
 
 
+def uses_critic(cfg: RunConfig) -> bool:
+    """Whether the run trains a critic (a value head on the policy's trunk): the loss has a
+    value term (``loss.vf_coef > 0``)."""
+    return cfg.loss.vf_coef > 0
+
+
+def build_policy(cfg: RunConfig, *, vocab_size: int, mesh=None):
+    """The policy of ``cfg`` (``build_model``), with its critic attached when the run has one."""
+    model = build_model(cfg.model, vocab_size=vocab_size, mesh=mesh, seed=cfg.seed)
+    if uses_critic(cfg):
+        from jaxrl_agents.training.critic import attach_critic
+
+        attach_critic(model, seed=cfg.seed)
+    return model
+
+
 def split_params(model) -> tuple[Any, Any, Any]:
     """(graphdef, trainable params, everything else) of an NNX model."""
     from flax import nnx
@@ -229,9 +245,12 @@ def check_run(cfg: RunConfig, env: EnvBinding) -> None:
 
     tr, r = cfg.trainer, cfg.rollout
     try:
-        cfg.advantage.validate(group_size=r.group_size, has_turns=True)
+        cfg.advantage.validate(group_size=r.group_size, has_turns=True, has_values=uses_critic(cfg))
     except ValueError as e:
-        raise ConfigError(f"advantage.name={cfg.advantage.name}: {e}") from e
+        hint = ""
+        if "value head" in str(e):
+            hint = " that is trained: set loss.vf_coef > 0 (e.g. loss=ppo_value)"
+        raise ConfigError(f"advantage.name={cfg.advantage.name}: {e}{hint}") from e
     if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
         raise ConfigError(f"model.path={cfg.model.path!r} is not a folder (a local HF checkpoint)")
     if tr.sft_steps > 0:
@@ -400,7 +419,7 @@ def build_train(cfg: RunConfig) -> TrainSystem:
     mesh = _mesh(cfg)
     tokenizer = build_tokenizer(cfg.model)
     chat = ChatFormat(tokenizer)
-    model = build_model(cfg.model, vocab_size=len(tokenizer), mesh=mesh, seed=cfg.seed)
+    model = build_policy(cfg, vocab_size=len(tokenizer), mesh=mesh)
     graphdef, _, rest = split_params(model)
     reward = build_reward(cfg.reward)
     collector = Collector(

@@ -17,7 +17,10 @@ def export_run(cfg: ExportConfig) -> tuple[Path, dict[str, Any]]:
     model, tokenizer, meta = load_policy(cfg.run_dir, which=cfg.which, step=cfg.step)
     out = Path(cfg.out or Path(cfg.run_dir) / f"hf_export_{cfg.which}")
     generation = generation_defaults(load_run_config(cfg.run_dir).rollout)
+    from jaxrl_agents.training.critic import without_critic
+
     export_pretrained(
-        model, out, tokenizer=tokenizer, max_shard_size=cfg.max_shard_size, generation=generation
-    )
+        without_critic(model), out, tokenizer=tokenizer, max_shard_size=cfg.max_shard_size,
+        generation=generation,
+    )  # fmt: skip
     return out, meta

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from jaxrl_agents.jobs.build import build_model, build_tokenizer, split_params
+from jaxrl_agents.jobs.build import build_policy, build_tokenizer, split_params
 from jaxrl_agents.jobs.config import RunConfig, build
 from jaxrl_agents.training.checkpoint import Checkpointer
 
@@ -49,7 +49,7 @@ def load_policy(
         raise ValueError(f"which={which!r}: expected 'latest', 'best' or 'sft'")
     cfg = load_run_config(run_dir)
     tokenizer = build_tokenizer(cfg.model)
-    model = build_model(cfg.model, vocab_size=len(tokenizer), mesh=mesh, seed=cfg.seed)
+    model = build_policy(cfg, vocab_size=len(tokenizer), mesh=mesh)
     graphdef, params, rest = split_params(model)
     template = init_train_state(params, cfg.optimizer.build())
     abstract = jax.tree.map(

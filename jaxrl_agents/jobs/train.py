@@ -49,6 +49,7 @@ from jaxrl_agents.jobs.records import Keys, RunRecord, every
 from jaxrl_agents.jobs.steps import StepSource
 from jaxrl_agents.rollout.scripted import ScriptedEngine
 from jaxrl_agents.training.checkpoint import Checkpointer
+from jaxrl_agents.training.critic import without_critic
 from jaxrl_agents.training.logprobs import SamplingTransform
 from jaxrl_agents.training.metrics import RunLogger
 from jaxrl_agents.training.objectives import sft_loss
@@ -207,7 +208,7 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
 
         export_dir = run.record.dir / "hf_export"
         export_pretrained(
-            final_model, export_dir, tokenizer=sys.tokenizer,
+            without_critic(final_model), export_dir, tokenizer=sys.tokenizer,
             generation=generation_defaults(cfg.rollout),
         )  # fmt: skip
     run.record.set("rl_eval", final)

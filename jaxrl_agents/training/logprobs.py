@@ -102,6 +102,8 @@ class TokenStats(NamedTuple):
     policy_logprobs: jax.Array | None = None
     """Float['B T'] log pi(target_t | prefix) at temperature 1, unfiltered (the policy itself);
     the same array as ``logprobs`` without a transform."""
+    values: jax.Array | None = None
+    """Float['B T'] the critic's values (``with_values``; ``training.critic``)."""
 
 
 def _transformed(logits: jax.Array, sampling: SamplingTransform):
@@ -144,6 +146,7 @@ def token_stats(
     chunk: int = 128,
     with_entropy: bool = True,
     sampling: SamplingTransform | None = None,
+    with_values: bool = False,
 ) -> TokenStats:
     """Logprob of each ``target_ids[b, t]`` and the entropy at each position.
 
@@ -157,6 +160,11 @@ def token_stats(
     """
     sampling = normalize_transform(sampling)
     hidden, _ = model.hidden_states(input_ids, positions, segment_ids=segment_ids)
+    vals = None
+    if with_values:
+        from jaxrl_agents.training.critic import values as critic_values
+
+        vals = critic_values(model, hidden)
     B, T, D = hidden.shape
     c = min(chunk, T)
     if T % c:
@@ -195,4 +203,4 @@ def token_stats(
     lp, ent, policy_lp = jax.lax.map(jax.checkpoint(one, policy=policy), (h, tgt))
     unchunk = lambda x: x.swapaxes(0, 1).reshape(B, T)
     lp, ent = unchunk(lp), unchunk(ent)
-    return TokenStats(lp, ent, lp if sampling is None else unchunk(policy_lp))
+    return TokenStats(lp, ent, lp if sampling is None else unchunk(policy_lp), vals)

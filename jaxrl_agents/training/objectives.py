@@ -28,12 +28,15 @@ class RLLossInputs(NamedTuple):
     """Float['B T']: the frozen reference's (temperature-1) logprobs, when a KL loss term is on."""
     is_weights: jax.Array | None = None
     """Float['B T']: truncated-IS weights multiplying the per-token policy loss (``tis_*``)."""
+    old_values: jax.Array | None = None
+    """Float['B T']: the critic's values at the step's starting weights (clipped value loss)."""
 
 
-def _stats(model, mb: TrainBatch, *, chunk: int, with_entropy: bool, sampling=None):
+def _stats(model, mb: TrainBatch, *, chunk: int, with_entropy: bool, sampling=None,
+           with_values: bool = False):  # fmt: skip
     return token_stats(
         model, mb.input_ids, mb.positions, mb.segment_ids, mb.target_ids,
-        chunk=chunk, with_entropy=with_entropy, sampling=sampling,
+        chunk=chunk, with_entropy=with_entropy, sampling=sampling, with_values=with_values,
     )  # fmt: skip
 
 
@@ -67,7 +70,9 @@ def rl_loss(loss_cfg: Any, *, chunk: int, sampling: SamplingTransform | None = N
 
     def loss_fn(model, mb: TrainBatch, extra: LossInputs | RLLossInputs):
         need_entropy = getattr(loss_cfg, "entropy_coef", 0.0) != 0.0
-        stats = _stats(model, mb, chunk=chunk, with_entropy=True, sampling=sampling)
+        critic = loss_cfg.vf_coef > 0
+        stats = _stats(model, mb, chunk=chunk, with_entropy=True, sampling=sampling,
+                       with_values=critic)  # fmt: skip
         loss, metrics = policy_loss(
             logprobs=stats.logprobs,
             old_logprobs=mb.old_logprobs,
@@ -79,6 +84,9 @@ def rl_loss(loss_cfg: Any, *, chunk: int, sampling: SamplingTransform | None = N
             denominator=extra.denom,
             is_weights=getattr(extra, "is_weights", None),
             policy_logprobs=stats.policy_logprobs,
+            values=stats.values if critic else None,
+            old_values=getattr(extra, "old_values", None) if critic else None,
+            returns=mb.returns if critic else None,
         )
         mask = mb.loss_mask
         n = jnp.maximum(jnp.sum(mask), 1.0)

@@ -65,6 +65,9 @@ class RLMetrics(NamedTuple):
     kl: jax.Array
     kl_reward: jax.Array
     vf_loss: jax.Array
+    explained_variance: jax.Array
+    """``1 - Var(returns - V) / Var(returns)`` of the critic's values at the step's starting
+    weights over sampled tokens (NaN without a critic): 1 is a perfect critic, 0 a constant."""
     grad_norm: jax.Array
     skipped: jax.Array
     """Updates of this step dropped by the non-finite guard."""
@@ -91,6 +94,16 @@ _MEAN_FIELDS = (
     "loss", "pg_loss", "clip_frac", "approx_kl", "ratio_mean", "entropy", "logprob_diff", "kl",
     "vf_loss", "grad_norm",
 )  # fmt: skip
+
+
+def _explained(returns: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
+    n = jnp.maximum(jnp.sum(mask), 1.0)
+
+    def var(x):
+        mean = jnp.sum(x * mask) / n
+        return jnp.sum(((x - mean) * mask) ** 2) / n
+
+    return 1.0 - var(returns - values) / jnp.maximum(var(returns), 1e-8)
 
 
 def make_rl_update(
@@ -129,11 +142,13 @@ def make_rl_update(
     # The KL reward compares temperature-1 logprobs; under a transform the stored ones are not.
     need_old = correct or (uses_ref and loss_cfg.kl_as_reward and sampling is not None)
 
-    def stats_of(params, batch: TrainBatch, transform):
+    critic = loss_cfg.vf_coef > 0
+
+    def stats_of(params, batch: TrainBatch, transform, with_values: bool = False):
         model = nnx.merge(graphdef, params, rest)
         stats = token_stats(
             model, batch.input_ids, batch.positions, batch.segment_ids, batch.target_ids,
-            chunk=logprob_chunk, with_entropy=False, sampling=transform,
+            chunk=logprob_chunk, with_entropy=False, sampling=transform, with_values=with_values,
         )  # fmt: skip
         return jax.tree.map(jax.lax.stop_gradient, stats)
 
@@ -141,7 +156,10 @@ def make_rl_update(
         nan = jnp.full((), jnp.nan, jnp.float32)
         rewards, kl_rew, ref_lp = episodes.rewards, nan, None
         behaviour = batch.old_logprobs
-        old = stats_of(state.params, batch, sampling) if need_old else None
+        old = stats_of(state.params, batch, sampling, critic) if need_old or critic else None
+        old_values = None
+        if critic:  # the critic's values at the starting weights: GAE inputs, clipped-loss anchor
+            old_values = old.values * batch.loss_mask
         if uses_ref:
             ref_lp = stats_of(ref_params, batch, None).logprobs
             if loss_cfg.kl_as_reward:
@@ -166,20 +184,35 @@ def make_rl_update(
                 turn_rewards=episodes.turn_rewards,
                 turn_mask=episodes.turn_mask,
                 anchor_ids=episodes.anchor_ids,
+                values=old_values,
             ),
             adv_cfg,
         )
+        returns = adv.returns
+        if returns is None and critic:
+            # An estimator without value targets (grpo, rloo, ...): the critic regresses on the
+            # Monte-Carlo return (the trajectory reward on the last sampled token, discounted).
+            mc = compute_advantages(
+                "gae",
+                AdvantageInputs(rewards=rewards, group_ids=episodes.group_ids,
+                                loss_mask=batch.loss_mask, turn_ids=batch.turn_ids,
+                                turn_rewards=episodes.turn_rewards, turn_mask=episodes.turn_mask,
+                                values=jnp.zeros_like(batch.loss_mask)),
+                AdvantageConfig(name="gae", gamma=adv_cfg.gamma, lam=1.0),
+            )  # fmt: skip
+            returns = mc.returns
         batch = batch._replace(
             advantages=adv.advantages,
-            returns=adv.returns if adv.returns is not None else batch.returns,
+            returns=returns if returns is not None else batch.returns,
         )
+        ret = batch.returns
         mask = batch.loss_mask
         n_tok = jnp.maximum(jnp.sum(mask), 1.0)
         adv_mean = jnp.sum(adv.advantages * mask) / n_tok
         adv_abs = jnp.sum(jnp.abs(adv.advantages) * mask) / n_tok
 
         is_w, corr = None, None
-        if old is not None:
+        if old is not None and need_old:
             corr = rollout_correction(
                 old.logprobs, behaviour, mask, mode=loss_cfg.is_correction, cap=loss_cfg.is_cap
             )
@@ -201,12 +234,15 @@ def make_rl_update(
             mb = jax.tree.map(take, batch)
             ref_mb = None if ref_lp is None else take(ref_lp)
             w_mb = None if is_w is None else take(is_w)
+            v_mb = None if old_values is None else take(old_values)
             if batch_sharding is not None:
                 mb = jax.lax.with_sharding_constraint(mb, batch_sharding)
             denom = aggregation_denominator(
                 mb.loss_mask, loss_cfg.agg_mode, max_len=loss_cfg.max_len_norm
             )
-            st, m = step(st, mb, RLLossInputs(denom=denom, ref_logprobs=ref_mb, is_weights=w_mb))
+            inputs = RLLossInputs(denom=denom, ref_logprobs=ref_mb, is_weights=w_mb,
+                                  old_values=v_mb)  # fmt: skip
+            st, m = step(st, mb, inputs)
             return st, m
 
         state, ms = jax.lax.scan(one_update, state, picks)
@@ -224,6 +260,7 @@ def make_rl_update(
             is_weight_mean=corr.weight_mean if correct else nan,
             is_truncated_frac=corr.truncated_frac if correct else nan,
             is_masked_frac=corr.masked_frac if correct else nan,
+            explained_variance=nan if old_values is None else _explained(ret, old_values, mask),
         )
         return state, metrics
 

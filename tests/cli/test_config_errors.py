@@ -52,6 +52,7 @@ TRAIN = [
     (["rollout.max_new_tokens=16"], ["rollout.max_new_tokens=16", "at least 24"]),
     (["trainer.seq_buckets=[100]"], ["trainer.seq_buckets", "logprob_chunk"]),
     (["rollout.group_size=1"], ["advantage.name=dr_grpo", "group_size >= 2"]),
+    (["advantage=gae", "loss.vf_coef=0"], ["advantage.name=gae", "loss.vf_coef > 0"]),
     (["rollout.max_total_tokens=4096"], ["rollout.max_total_tokens", "sampler.max_seq_len"]),
     (["seed=zero"], ["'seed'", "zero"]),
 ]
