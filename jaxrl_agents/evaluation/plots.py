@@ -22,6 +22,8 @@ def learning_curve(
     *,
     sft_success: float | None = None,
     rl_success: float | None = None,
+    sft_validation: float | None = None,
+    rl_validation: float | None = None,
 ) -> None:
     """Reward and success vs RL step; validation success points (the keep-best selection) and
     the SFT / final policies' held-out (test) success."""
@@ -40,6 +42,10 @@ def learning_curve(
         label="rollout success (sampled)",
     )
     val = [(p["step"], p["validation_success"]) for p in curve if "validation_success" in p]
+    if sft_validation is not None:
+        val.insert(0, (0, sft_validation))
+    if rl_validation is not None and steps:
+        val.append((steps[-1], rl_validation))
     if val:
         ax_s.plot(*zip(*val, strict=True), marker="o", color="C2", label="validation (greedy)")
     test = ([(0, sft_success)] if sft_success is not None else []) + (

@@ -38,6 +38,7 @@ import numpy as np
 
 from jaxrl_agents import distributed as D
 from jaxrl_agents.evaluation.summary import summarize
+from jaxrl_agents.jobs import report
 from jaxrl_agents.jobs.build import (
     TrainSystem,
     build_train,
@@ -70,18 +71,6 @@ def train(cfg: RunConfig, system: TrainSystem | None = None) -> dict[str, Any]:
     return asyncio.run(_train(cfg, system))
 
 
-def _has_steps(ckpt_dir) -> bool:
-    """Whether a checkpoint set under ``ckpt_dir`` holds a step folder (complete or not)."""
-    return any(p.name.isdigit() for sub in ("latest", "sft") for p in (ckpt_dir / sub).glob("*"))
-
-
-def _abstract(tree: Any) -> Any:
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-        tree,
-    )
-
-
 class _Run:
     """The run's long-lived pieces: system, keys, records, logger, checkpoints, held-out tasks."""
 
@@ -91,7 +80,8 @@ class _Run:
         self.keys = Keys(cfg.seed)
         self.record = RunRecord(cfg.run_dir)
         ckpt_dir = self.record.dir / "checkpoints"
-        self.record.check_config(cfg, has_checkpoints=_has_steps(ckpt_dir))  # before any write
+        # before anything is written:
+        self.record.check_config(cfg, has_checkpoints=report.has_steps(ckpt_dir))
         self.record.write_config(cfg)
         self.logger = RunLogger(cfg.run_dir)
         self.ckpt = Checkpointer(
@@ -167,7 +157,7 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
     state = run.fresh_state(sys.initial_params, run.sft_tx)
     stage, step = "sft", 0
     if tr.resume and run.ckpt.latest_step() is not None:
-        state, meta = run.ckpt.restore(_abstract(state))
+        state, meta = run.ckpt.restore(report.abstract(state))
         stage, step = meta["stage"], int(meta["stage_step"])
         run.logger.truncate_after(stage, step)  # rows logged after that checkpoint come again
         print(f"resuming from checkpoint: stage={stage} step={step}", flush=True)
@@ -213,7 +203,7 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
         )  # fmt: skip
     run.record.set("rl_eval", final)
     run.record.save()
-    summary = _summary(run, export_dir, time.time() - t_start, state)
+    summary = report.summary(run, export_dir, time.time() - t_start, state)
     run.logger.close()
     run.ckpt.close()
     return summary
@@ -262,19 +252,13 @@ async def _sft(run: _Run, state: TrainState, start: int) -> TrainState:
     return state
 
 
-def _checksum(params: Any) -> float:
-    """Sum of every parameter in float64: equal for equal parameters (a record, not a hash)."""
-    leaves = jax.tree.leaves(params)
-    return float(sum(np.asarray(D.host_value(x), np.float64).sum() for x in leaves))
-
-
 def _reference(run: _Run, state: TrainState, start: int) -> Any:
     """The frozen KL reference: the SFT result (RL's starting point), also after a resume."""
     if run.cfg.loss.kl_coef <= 0:
         return None
     if start == 0 or not run.ckpt.all_steps("sft"):
         return jax.tree.map(jnp.copy, state.params)
-    ref, _ = run.ckpt.restore(_abstract(state), which="sft")
+    ref, _ = run.ckpt.restore(report.abstract(state), which="sft")
     return ref.params
 
 
@@ -291,7 +275,7 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
     ref = _reference(run, state, start)
     if ref is not None:
         run.record.set("kl_reference", {"from": "sft" if start else "rl_start",
-                                        "checksum": _checksum(ref)})  # fmt: skip
+                                        "checksum": report.checksum(ref)})  # fmt: skip
 
     source = StepSource(
         collector, sys.env, run.keys, run.train_tasks, tr.tasks_per_step, group,
@@ -334,7 +318,8 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
             push(state, s + 1)
             if s + 1 < tr.rl_steps:
                 pending = launch(s + 1)
-        row = _step_row(run, roll, everyone, db, metrics, time.perf_counter() - t_train, engine, s)
+        train_s = time.perf_counter() - t_train
+        row = report.step_row(run, roll, everyone, db, metrics, train_s, engine, s)
         if every(tr.eval_every, s + 1) and s + 1 < tr.rl_steps and pending is not None:
             done = await pending  # evaluate the newest weights: wait for the running collection
             pending = asyncio.ensure_future(_ready(done))
@@ -345,31 +330,6 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
 
 async def _ready(value: Any) -> Any:
     return value
-
-
-def _step_row(run: _Run, roll, everyone, db, metrics, train_s: float, engine, s: int) -> dict:
-    """The step's log row over the global batch (episodes all-gathered without token lists)."""
-    stats = summarize(everyone)
-    rollout_s = float(D.gather_rows(np.array(roll.seconds)).max())
-    version = run.tr.sft_steps + s
-    return {
-        "reward": float(np.mean([t.reward for t in everyone])),
-        "success": stats["success"],
-        "mean_turns": stats["mean_turns"],
-        "mean_tool_calls": stats["mean_tool_calls"],
-        **{f"reward/{k}": v for k, v in stats["reward_terms"].items()},
-        **{f"failure/{k}": v for k, v in stats["failure_modes"].items()},
-        "rollout_s": rollout_s,
-        "train_s": train_s,
-        "gen_tok_s": db.sampled_tokens / max(rollout_s, 1e-9),
-        "truncated": db.truncated,
-        "overlong_masked": db.overlong_masked,
-        "dropped": db.dropped,
-        "env_errors": sum(t.end_reason == EndReason.ENV_ERROR for t in everyone),
-        "staleness": float(np.mean([version - t.policy_version for t in everyone])),
-        "compiles": getattr(engine, "compile_count", 0),
-        **{k: float(np.asarray(v)) for k, v in metrics.items()},
-    }
 
 
 async def _after_step(run: _Run, engine, state, step: int, row: dict, trajs: list, bar) -> None:
@@ -390,43 +350,3 @@ async def _after_step(run: _Run, engine, state, step: int, row: dict, trajs: lis
     if every(tr.checkpoint_every, step) or step == tr.rl_steps:
         run.checkpoint(tr.sft_steps + step, state, "rl", step)
         run.record.save()
-
-
-def _best(run: _Run) -> dict[str, Any] | None:
-    """The keep-best checkpoint: selected by validation success over every evaluated step."""
-    step = run.ckpt.best.best_step()
-    if step is None:
-        return None
-    return {"step": int(step), "rl_step": int(step) - run.tr.sft_steps}
-
-
-def _summary(run: _Run, export_dir, wall_s: float, state: TrainState) -> dict[str, Any]:
-    stages = run.record.stages
-    sft, rl = stages.get("sft_eval", {}), stages.get("rl_eval", {})
-    summary = {
-        "seed": run.cfg.seed,
-        "env": run.sys.env.cls.__name__,
-        "heldout_tasks": rl.get("n", 0),
-        "sft_heldout_success": sft.get("success"),
-        "sft_heldout_ci95": sft.get("success_ci95"),
-        "rl_heldout_success": rl.get("success"),
-        "rl_heldout_ci95": rl.get("success_ci95"),
-        "validation_tasks": len(run.validation),
-        "sft_validation_success": stages.get("sft_validation", {}).get("success"),
-        "rl_validation_success": stages.get("rl_validation", {}).get("success"),
-        "best": _best(run),
-        "sft": sft,
-        "rl": rl,
-        "skipped_updates": int(D.host_value(state.skipped)),
-        "export_dir": str(export_dir) if export_dir else None,
-        "wall_s": wall_s,
-    }
-    if run.record.writer:
-        from jaxrl_agents.evaluation.plots import learning_curve
-
-        plot = run.record.dir / "learning_curve.png"
-        curve = run.record.curve
-        learning_curve(curve, plot, sft_success=sft.get("success"), rl_success=rl.get("success"))
-        summary["learning_curve"] = str(plot)
-        run.record.write_summary(summary)
-    return summary
