@@ -119,13 +119,18 @@ def run_app(config_name: str, job: Callable[[Any], None]) -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     register_schemas()
-    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    before = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises; we report (or re-raise if asked)
     try:
         hydra.main(config_path=config_dir(), config_name=config_name, version_base="1.3")(job)()
     except Exception as e:
-        line = None if full else describe(e)
+        line = None if before == "1" else describe(e)
         if line is None:
             raise
         print(f"config error: {line}", file=sys.stderr)
         sys.exit(2)
+    finally:  # callers in the same process (and their subprocesses) see the variable as it was
+        if before is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = before
