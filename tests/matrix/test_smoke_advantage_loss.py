@@ -4,53 +4,12 @@ reward files: test_smoke_env_reward.py); the folders are enumerated, so a new fi
 automatically. Each run must finish, change the parameters and keep them finite, and every one of
 its trajectories must end with a reason."""
 
-from __future__ import annotations
-
-import json
-import math
-import sys
-from pathlib import Path
-
-import numpy as np
 import pytest
+from smoke_job import files, smoke_job
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-FILES = [(g, p.stem) for g in ("advantage", "loss")
-         for p in sorted((CONFIGS / g).glob("*.yaml"))]  # fmt: skip
-SMOKE = ["trainer=smoke", "trainer.sft_steps=2", "trainer.rl_steps=2", "trainer.heldout_tasks=2",
-         "trainer.eval_every=0", "trainer.export=false", "sampler.max_slots=8",
-         "rollout.group_size=2", "mesh=single"]  # fmt: skip
+FILES = files("advantage", "loss")
 
 
 @pytest.mark.parametrize("group, name", FILES, ids=[f"{g}={n}" for g, n in FILES])
 def test_config_file_runs_a_smoke_job(group, name, tmp_path, monkeypatch):
-    from flax import nnx
-
-    from jaxrl_agents.cli import train as cli
-    from jaxrl_agents.jobs.build import build_model, build_tokenizer
-    from jaxrl_agents.jobs.restore import load_policy, load_run_config
-    from jaxrl_agents.types import EndReason, read_jsonl
-
-    run = tmp_path / "run"
-    monkeypatch.setattr(sys, "argv", ["jaxrl-train", *SMOKE, f"{group}={name}", f"run_dir={run}"])
-    try:
-        cli.main()
-    except SystemExit as e:
-        pytest.fail(f"{group}={name}: exit {e.code}")
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    rl = [r for r in rows if r["stage"] == "rl"]
-    assert [r["step"] for r in rl] == [1, 2]
-    for r in rl:
-        for key in ("loss", "grad_norm", "reward"):
-            assert math.isfinite(r[key]), (key, r)
-    cfg = load_run_config(run)
-    fresh = build_model(cfg.model, vocab_size=len(build_tokenizer(cfg.model)), seed=cfg.seed)
-    trained, _, _ = load_policy(run)
-    a = nnx.to_flat_state(nnx.state(fresh, nnx.Param))
-    b = dict(nnx.to_flat_state(nnx.state(trained, nnx.Param)))
-    diffs = [float(np.max(np.abs(np.asarray(b[k].get_value()) - np.asarray(v.get_value()))))
-             for k, v in a]  # fmt: skip
-    assert max(diffs) > 0, "parameters did not change"
-    assert all(np.isfinite(np.asarray(v.get_value())).all() for _, v in b.items())
-    trajs = [t for f in sorted((run / "trajectories").glob("*.jsonl")) for t in read_jsonl(f)]
-    assert trajs and all(isinstance(t.end_reason, EndReason) for t in trajs)
+    smoke_job(group, name, tmp_path, monkeypatch)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from toy_lm import ToyLM
 
 from jaxrl_agents.rollout.packing import pack_sft
 from jaxrl_agents.training.objectives import sft_loss
@@ -18,22 +19,6 @@ from jaxrl_agents.training.step import (
     init_train_state,
     make_train_step,
 )
-
-
-class ToyLM(nnx.Module):
-    def __init__(self, vocab=32, dim=16, *, rngs):
-        self.embed = nnx.Embed(vocab, dim, rngs=rngs)
-        self.mix = nnx.Linear(dim, dim, rngs=rngs)
-        self.head = nnx.Linear(dim, vocab, rngs=rngs)
-
-    def hidden_states(self, tokens, positions, *, segment_ids=None, cache=None):
-        h = self.embed(tokens)
-        # causal running mean: position t sees tokens <= t
-        h = jnp.cumsum(h, axis=1) / (1.0 + positions[..., None])
-        return jnp.tanh(self.mix(h)), None
-
-    def logits_from_hidden(self, h):
-        return self.head(h)
 
 
 def _batch(seed=0, n=8):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from toy_lm import ToyLM
 
 from jaxrl_agents.algos import (
     AdvantageConfig,
@@ -31,23 +32,6 @@ from jaxrl_agents.training.step import (
 from jaxrl_agents.training.update import RLMetrics, make_rl_update
 
 B, T, G = 8, 16, 4
-
-
-class ToyLM(nnx.Module):
-    """A toy NNX language model with the policy's interface (as in test_train_step)."""
-
-    def __init__(self, vocab=32, dim=16, *, rngs):
-        self.embed = nnx.Embed(vocab, dim, rngs=rngs)
-        self.mix = nnx.Linear(dim, dim, rngs=rngs)
-        self.head = nnx.Linear(dim, vocab, rngs=rngs)
-
-    def hidden_states(self, tokens, positions, *, segment_ids=None, cache=None):
-        h = self.embed(tokens)
-        h = jnp.cumsum(h, axis=1) / (1.0 + positions[..., None])
-        return jnp.tanh(self.mix(h)), None
-
-    def logits_from_hidden(self, h):
-        return self.head(h)
 
 
 def _rollout(seed=0):
