@@ -35,10 +35,11 @@ class ValueHead(nnx.Module):
         return self.proj(hidden.astype(jnp.float32))[..., 0]
 
 
-def attach_critic(model, *, seed: int = 0):
-    """Add a zero-initialised value head to ``model`` (in place); returns it."""
+def attach_critic(model, *, seed: int = 0, dim: int | None = None):
+    """Add a zero-initialised value head to ``model`` (in place; ``dim``: the trunk's width,
+    default ``model.cfg.hidden_size``); returns it."""
     if not hasattr(model, ATTR):
-        dim = model.cfg.hidden_size
+        dim = dim or model.cfg.hidden_size
         setattr(model, ATTR, ValueHead(dim, rngs=nnx.Rngs(seed)))
     return model
 

@@ -55,6 +55,11 @@ TRAIN = [
     (["advantage=gae", "loss.vf_coef=0"], ["advantage.name=gae", "loss.vf_coef > 0"]),
     (["rollout.max_total_tokens=4096"], ["rollout.max_total_tokens", "sampler.max_seq_len"]),
     (["seed=zero"], ["'seed'", "zero"]),
+    (["trainer.microbatches=3"], ["trainer.microbatches=3", "divide"]),
+    (["trainer.tasks_per_step=0"], ["trainer.tasks_per_step", ">= 1"]),
+    (["trainer.seq_buckets=[16]", "trainer.logprob_chunk=16"],
+     ["trainer.seq_buckets (largest)=16", "at least"]),
+    (["sampler.max_seq_len=16"], ["rollout.max_total_tokens=384", "sampler.max_seq_len=16"]),
 ]
 EVAL = [
     (["tsks=3"], ["'tsks'", "valid keys", "tasks"]),
