@@ -104,9 +104,7 @@ def describe(exc: BaseException) -> str | None:
                 valid = ", ".join(sorted(f.name for f in dataclasses.fields(obj)))
                 return f"unknown config key '{key}'; valid keys: {valid}"
             return f"unknown config key '{key}' ({msg}){hint}"
-        if isinstance(cause, ValidationError):
-            return f"config key '{key}': {msg}"
-        return f"config key '{key}': {msg}{hint}"
+        return f"config key '{key}': {msg}{'' if isinstance(cause, ValidationError) else hint}"
     if isinstance(exc, HydraException):
         return _first_line(str(exc))
     return None

@@ -13,6 +13,25 @@ from typing import Literal
 FinishReason = Literal["stop", "length", "cache_full"]
 
 
+def check_sampling(x, *, prefix: str = "", greedy_ok: bool = True) -> None:
+    """The one range check of sampling settings (anything with ``temperature``, ``top_k``,
+    ``top_p``, ``min_p``: ``SamplingParams``, the ``rollout`` config group, the learner's sampling
+    transform). ``prefix`` names the config key's group in the messages."""
+    if greedy_ok and x.temperature < 0:
+        raise ValueError(f"{prefix}temperature={x.temperature} must be >= 0 (0 = greedy)")
+    if not greedy_ok and not x.temperature > 0:
+        raise ValueError(
+            f"{prefix}temperature={x.temperature} must be > 0 (greedy has no sampling "
+            "distribution: use None, the temperature-1 policy)"
+        )
+    if x.top_k < 0:
+        raise ValueError(f"{prefix}top_k={x.top_k} must be >= 0 (0 = no top-k filter)")
+    if not 0.0 < x.top_p <= 1.0:
+        raise ValueError(f"{prefix}top_p={x.top_p} must be in (0, 1] (1 = no top-p filter)")
+    if not 0.0 <= x.min_p < 1.0:
+        raise ValueError(f"{prefix}min_p={x.min_p} must be in [0, 1) (0 = no min-p filter)")
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How to sample one turn. Filters apply in the order temperature -> top-k -> top-p -> min-p."""
@@ -36,14 +55,7 @@ class SamplingParams:
     """Request key = PRNGKey(seed); the key of a token is fold_in(request key, its position)."""
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = no top-k filter)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1 = no top-p filter)")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ValueError(f"min_p={self.min_p} must be in [0, 1) (0 = no min-p filter)")
+        check_sampling(self)
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))

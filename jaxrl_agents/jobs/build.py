@@ -156,11 +156,9 @@ def generation_defaults(rollout) -> dict[str, Any]:
     an exported policy samples by default the way it was trained to."""
     if rollout.temperature == 0:
         return {"do_sample": False}
-    out = {"do_sample": True, "temperature": rollout.temperature, "top_p": rollout.top_p}
-    if rollout.top_k > 0:
-        out["top_k"] = rollout.top_k
-    else:
-        out["top_k"] = 0  # transformers' default is 50: 0 keeps every token, as in training
+    # top_k always: transformers' default is 50, while 0 keeps every token, as in training.
+    out = {"do_sample": True, "temperature": rollout.temperature, "top_p": rollout.top_p,
+           "top_k": rollout.top_k}  # fmt: skip
     if rollout.min_p > 0:
         out["min_p"] = rollout.min_p
     return out

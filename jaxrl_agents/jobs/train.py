@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import sys as _sys
+import sys
 import time
 from typing import Any
 
@@ -129,12 +129,13 @@ class _Run:
         if not bad or frac <= self.tr.error_warn_frac:
             return
         kinds = {e.value: sum(t.end_reason == e for t in bad) for e in _ERRORS}
-        first = (bad[0].error or "").strip().splitlines()[0][:300] if bad[0].error else "?"
+        lines = (bad[0].error or "").strip().splitlines()
+        first = lines[0][:300] if lines else "?"
         line = f"{where}: {len(bad)}/{len(trajs)} episodes ended in errors {kinds}; first: {first}"
         if frac > self.tr.error_abort_frac:
             raise JobAborted(f"{line} (more than trainer.error_abort_frac="
                              f"{self.tr.error_abort_frac})")  # fmt: skip
-        print(f"WARNING: {line}", file=_sys.stderr, flush=True)
+        print(f"WARNING: {line}", file=sys.stderr, flush=True)
 
     def checkpoint(self, step: int, state: TrainState, stage: str, stage_step: int, **kw) -> None:
         self.ckpt.save(step, state, {"stage": stage, "stage_step": stage_step}, **kw)
@@ -152,9 +153,9 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
     system = system if system is not None else build_train(cfg)
     needs = await check_oracle_fits(system)  # before anything is written or compiled
     run = _Run(cfg, system)
-    tr, sys = run.tr, run.sys
+    tr = run.tr
     run.record.set("oracle_needs", needs)
-    state = run.fresh_state(sys.initial_params, run.sft_tx)
+    state = run.fresh_state(system.initial_params, run.sft_tx)
     stage, step = "sft", 0
     if tr.resume and run.ckpt.latest_step() is not None:
         state, meta = run.ckpt.restore(report.abstract(state))
@@ -162,10 +163,10 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
         run.logger.truncate_after(stage, step)  # rows logged after that checkpoint come again
         print(f"resuming from checkpoint: stage={stage} step={step}", flush=True)
 
-    async with sys.engine(state.params) as engine:
+    async with system.engine(state.params) as engine:
         if stage == "sft":
             state = await _sft(run, state, step)
-            engine.update_weights(sys.sampler_view(state.params))
+            engine.update_weights(system.sampler_view(state.params))
             summary, trajs = await run.evaluate(engine, version=tr.sft_steps)
             val, _ = await run.evaluate(engine, version=tr.sft_steps, split="validation")
             run.record.set("sft_eval", summary)
@@ -181,10 +182,10 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
             run.checkpoint(tr.sft_steps, state, "rl", 0, force=True)
             run.ckpt.save_sft(tr.sft_steps, state, {"stage": "rl", "stage_step": 0})
             run.offer_best(0, state, val["success"])
-        engine.update_weights(sys.sampler_view(state.params))
+        engine.update_weights(system.sampler_view(state.params))
         state = await _rl(run, engine, state, step)
         run.ckpt.wait()
-        final_model = sys.sampler_view(state.params)  # also what process 0 exports
+        final_model = system.sampler_view(state.params)  # also what process 0 exports
         engine.update_weights(final_model)
         final, trajs = await run.evaluate(engine, version=tr.sft_steps + tr.rl_steps)
         val, _ = await run.evaluate(engine, version=tr.sft_steps + tr.rl_steps, split="validation")
@@ -198,7 +199,7 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
 
         export_dir = run.record.dir / "hf_export"
         export_pretrained(
-            without_critic(final_model), export_dir, tokenizer=sys.tokenizer,
+            without_critic(final_model), export_dir, tokenizer=system.tokenizer,
             generation=generation_defaults(cfg.rollout),
         )  # fmt: skip
     run.record.set("rl_eval", final)
@@ -210,14 +211,15 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
 
 
 async def _sft(run: _Run, state: TrainState, start: int) -> TrainState:
-    tr, sys = run.tr, run.sys
+    tr, system = run.tr, run.sys
     if start >= tr.sft_steps:
         return state
     # Golden data: the env's oracle driven through the real rollout path (scripted engine).
     rng = np.random.default_rng(run.keys.seed("sft_oracle"))
-    engine = ScriptedEngine(sys.chat, policy_factory=sys.env.oracle(run.cfg.env.oracle, rng=rng))
-    tasks = sys.env.tasks("train", tr.sft_examples, seed=run.keys.seed("sft_tasks"))
-    golden = sys.golden_collector().orchestrator(engine, greedy=True, group_size=1)
+    oracle = system.env.oracle(run.cfg.env.oracle, rng=rng)
+    engine = ScriptedEngine(system.chat, policy_factory=oracle)
+    tasks = system.env.tasks("train", tr.sft_examples, seed=run.keys.seed("sft_tasks"))
+    golden = system.golden_collector().orchestrator(engine, greedy=True, group_size=1)
     trajs = await golden.run(tasks, group_size=1, seed=0)
     run.check_errors(trajs, "SFT golden data")
     data = [(t.token_ids, t.loss_mask) for t in trajs if t.end_reason == EndReason.ANSWERED]
@@ -226,13 +228,13 @@ async def _sft(run: _Run, state: TrainState, start: int) -> TrainState:
         print(
             f"WARNING: SFT golden data: {len(trajs) - len(data)}/{len(trajs)} oracle episodes "
             f"ended without an answer ({', '.join(ends)}) and are left out",
-            file=_sys.stderr, flush=True,
+            file=sys.stderr, flush=True,
         )  # fmt: skip
     if not data:
         raise JobAborted("SFT golden data: no oracle episode ended with an answer")
     step_fn = make_train_step(
-        sys.graphdef, run.sft_tx, sft_loss(chunk=tr.logprob_chunk),
-        microbatches=tr.microbatches, rest=sys.rest,
+        system.graphdef, run.sft_tx, sft_loss(chunk=tr.logprob_chunk),
+        microbatches=tr.microbatches, rest=system.rest,
     )  # fmt: skip
     order = np.random.default_rng(run.keys.seed("sft_order")).permutation(len(data))
     # Every process holds all golden data (scripted, cheap) and packs its share of each batch.
@@ -240,7 +242,7 @@ async def _sft(run: _Run, state: TrainState, start: int) -> TrainState:
     bar = run.bar(start, tr.sft_steps, "SFT")
     for s in bar:
         idx = [order[(s * tr.sft_batch_size + j) % len(data)] for j in range(tr.sft_batch_size)]
-        batch = sys.collector.sft_batch([data[i] for i in idx][share])
+        batch = system.collector.sft_batch([data[i] for i in idx], share)
         state, m = step_fn(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
         if every(10, s + 1) or s + 1 == tr.sft_steps:
             m = D.host_value(m)
@@ -263,11 +265,11 @@ def _reference(run: _Run, state: TrainState, start: int) -> Any:
 
 
 async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainState:
-    cfg, tr, sys = run.cfg, run.tr, run.sys
-    group, collector = cfg.rollout.group_size, sys.collector
+    cfg, tr, system = run.cfg, run.tr, run.sys
+    group, collector = cfg.rollout.group_size, system.collector
     rows = tr.tasks_per_step // jax.process_count() * group  # this process's rows of each step
     update = make_rl_update(
-        sys.graphdef, sys.rest, run.rl_tx, loss_cfg=sys.loss, adv_cfg=cfg.advantage,
+        system.graphdef, system.rest, run.rl_tx, loss_cfg=system.loss, adv_cfg=cfg.advantage,
         epochs=tr.ppo_epochs, minibatches=tr.minibatches, microbatches=tr.microbatches,
         logprob_chunk=tr.logprob_chunk, batch_sharding=collector.sharding,
         sampling=SamplingTransform.from_rollout(cfg.rollout),
@@ -278,7 +280,7 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
                                         "checksum": report.checksum(ref)})  # fmt: skip
 
     source = StepSource(
-        collector, sys.env, run.keys, run.train_tasks, tr.tasks_per_step, group,
+        collector, system.env, run.keys, run.train_tasks, tr.tasks_per_step, group,
         dynamic=tr.dynamic_sampling, max_rounds=tr.dynamic_max_rounds,
     )  # fmt: skip
     pushed = {"updates": start}  # RL updates reflected in the sampler's weights
@@ -287,7 +289,7 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
         """PUSH: new weights go to the engine only while no collection is running, so every
         episode is sampled by one policy version (its ``policy_version``)."""
         if updates != pushed["updates"]:
-            engine.update_weights(sys.sampler_view(state.params))
+            engine.update_weights(system.sampler_view(state.params))
             pushed["updates"] = updates
 
     def launch(s: int):

@@ -209,7 +209,7 @@ class Collector:
             ep.anchor_ids[out] = -1
             kept = [i for i, ok in enumerate(keep) if ok]
             used = {int(g) for g in ep.group_ids[kept]}
-            others = [i for i in range(rows) if i not in set(kept)]  # dropped + padding rows
+            others = sorted(set(range(rows)) - set(kept))  # dropped + padding rows
             ep.group_ids[others] = [g for g in range(rows) if g not in used][: len(others)]
         first_row = jax.process_index() * rows
         n_turns = ep.anchor_ids.shape[1]
@@ -233,8 +233,12 @@ class Collector:
             int(counts[:, 3].sum()),
         )
 
-    def sft_batch(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> TrainBatch:
-        """Golden ``(ids, loss_mask)`` rows (this process's share) -> a device batch."""
-        buckets = self.bucket(max(len(ids) for ids, _ in rows) - 1)
-        batch, _ = pack_sft(rows, buckets=buckets, pad_id=self.chat.pad_id)
+    def sft_batch(
+        self, rows: Sequence[tuple[Sequence[int], Sequence[int]]], share: slice
+    ) -> TrainBatch:
+        """Golden ``(ids, loss_mask)`` rows of the whole global batch (every process holds them)
+        -> this process's ``share`` of them on the mesh; the bucket comes from all rows, so the
+        processes agree on it without a collective."""
+        bucket = bucket_for(max(max(len(ids) for ids, _ in rows) - 1, 1), self.seq_buckets)
+        batch, _ = pack_sft(rows[share], buckets=[bucket], pad_id=self.chat.pad_id)
         return D.place(batch, self.sharding)

@@ -75,14 +75,9 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.episode_timeout_s <= 0:
             raise ValueError(f"rollout.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
-        if self.temperature < 0:
-            raise ValueError(f"rollout.temperature={self.temperature} must be >= 0 (0 = greedy)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"rollout.top_p={self.top_p} must lie in (0, 1] (1 = no filter)")
-        if self.top_k < 0:
-            raise ValueError(f"rollout.top_k={self.top_k} must be >= 0 (0 = no filter)")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ValueError(f"rollout.min_p={self.min_p} must lie in [0, 1) (0 = no filter)")
+        from jaxrl_agents.generation.config import check_sampling
+
+        check_sampling(self, prefix="rollout.")
 
 
 class _Session(Protocol):

@@ -49,17 +49,9 @@ class SamplingTransform:
     min_p: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(
-                f"temperature={self.temperature} must be > 0 (greedy has no sampling "
-                "distribution: use None, the temperature-1 policy)"
-            )
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = no top-k filter)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1 = no top-p filter)")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ValueError(f"min_p={self.min_p} must be in [0, 1) (0 = no min-p filter)")
+        from jaxrl_agents.generation.config import check_sampling
+
+        check_sampling(self, greedy_ok=False)
 
     @property
     def identity(self) -> bool:

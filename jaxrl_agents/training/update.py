@@ -174,33 +174,24 @@ def make_rl_update(
                 valid = episodes.row_valid
                 kl_rew = jnp.sum(kl_traj * valid) / jnp.maximum(jnp.sum(valid), 1.0)
                 ref_lp = None  # a reward penalty, not a loss term
-        adv = compute_advantages(
-            adv_cfg.name,
-            AdvantageInputs(
-                rewards=rewards,
-                group_ids=episodes.group_ids,
-                loss_mask=batch.loss_mask,
-                turn_ids=batch.turn_ids,
-                turn_rewards=episodes.turn_rewards,
-                turn_mask=episodes.turn_mask,
-                anchor_ids=episodes.anchor_ids,
-                values=old_values,
-            ),
-            adv_cfg,
+        inputs = AdvantageInputs(
+            rewards=rewards,
+            group_ids=episodes.group_ids,
+            loss_mask=batch.loss_mask,
+            turn_ids=batch.turn_ids,
+            turn_rewards=episodes.turn_rewards,
+            turn_mask=episodes.turn_mask,
+            anchor_ids=episodes.anchor_ids,
+            values=old_values,
         )
+        adv = compute_advantages(adv_cfg.name, inputs, adv_cfg)
         returns = adv.returns
         if returns is None and critic:
             # An estimator without value targets (grpo, rloo, ...): the critic regresses on the
-            # Monte-Carlo return (the trajectory reward on the last sampled token, discounted).
-            mc = compute_advantages(
-                "gae",
-                AdvantageInputs(rewards=rewards, group_ids=episodes.group_ids,
-                                loss_mask=batch.loss_mask, turn_ids=batch.turn_ids,
-                                turn_rewards=episodes.turn_rewards, turn_mask=episodes.turn_mask,
-                                values=jnp.zeros_like(batch.loss_mask)),
-                AdvantageConfig(name="gae", gamma=adv_cfg.gamma, lam=1.0),
-            )  # fmt: skip
-            returns = mc.returns
+            # Monte-Carlo return (GAE with V = 0, lambda = 1: the discounted trajectory reward).
+            mc_cfg = AdvantageConfig(name="gae", gamma=adv_cfg.gamma, lam=1.0)
+            mc_inputs = inputs._replace(values=jnp.zeros_like(batch.loss_mask))
+            returns = compute_advantages("gae", mc_inputs, mc_cfg).returns
         batch = batch._replace(
             advantages=adv.advantages,
             returns=returns if returns is not None else batch.returns,

@@ -64,16 +64,17 @@ def _rollout(seed=0):
     return jax.tree.map(jnp.asarray, batch), jax.tree.map(jnp.asarray, episodes)
 
 
-def _reference(graphdef, rest, tx, state, batch, episodes, key, *, loss_cfg, adv_cfg, epochs, mbs):
-    adv = compute_advantages(
-        adv_cfg.name,
-        AdvantageInputs(
-            rewards=episodes.rewards, group_ids=episodes.group_ids, loss_mask=batch.loss_mask,
-            turn_ids=batch.turn_ids, turn_rewards=episodes.turn_rewards,
-            turn_mask=episodes.turn_mask, anchor_ids=episodes.anchor_ids,
-        ),
-        adv_cfg,
+def _host_advantages(batch, episodes, adv_cfg):
+    inputs = AdvantageInputs(
+        rewards=episodes.rewards, group_ids=episodes.group_ids, loss_mask=batch.loss_mask,
+        turn_ids=batch.turn_ids, turn_rewards=episodes.turn_rewards,
+        turn_mask=episodes.turn_mask, anchor_ids=episodes.anchor_ids,
     )  # fmt: skip
+    return compute_advantages(adv_cfg.name, inputs, adv_cfg)
+
+
+def _reference(graphdef, rest, tx, state, batch, episodes, key, *, loss_cfg, adv_cfg, epochs, mbs):
+    adv = _host_advantages(batch, episodes, adv_cfg)
     batch = batch._replace(advantages=adv.advantages)
     step = make_train_step(graphdef, tx, rl_loss(loss_cfg, chunk=8), rest=rest)
     losses = []
@@ -176,15 +177,7 @@ def test_update_with_mismatch_correction_matches_host_reference(correction):
     new, metrics = update(copy(), batch, episodes, key, None)
 
     # Host reference: advantages, the correction on (pi_old, mu), then plain train steps.
-    adv = compute_advantages(
-        adv_cfg.name,
-        AdvantageInputs(
-            rewards=episodes.rewards, group_ids=episodes.group_ids, loss_mask=batch.loss_mask,
-            turn_ids=batch.turn_ids, turn_rewards=episodes.turn_rewards,
-            turn_mask=episodes.turn_mask, anchor_ids=episodes.anchor_ids,
-        ),
-        adv_cfg,
-    )  # fmt: skip
+    adv = _host_advantages(batch, episodes, adv_cfg)
     ref_batch = batch._replace(advantages=adv.advantages)
     corr = rollout_correction(old, behaviour, batch.loss_mask, mode=correction, cap=cap)
     weights = None
