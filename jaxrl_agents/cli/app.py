@@ -110,10 +110,22 @@ def describe(exc: BaseException) -> str | None:
     return None
 
 
+def _absl_to_process_stderr() -> None:
+    """absl creates its log handler on the ``sys.stderr`` of import time and, when Hydra resets
+    logging at the start of a run (``dictConfig`` closes every handler), closes that stream if it
+    is no longer ``sys.stderr``: a caller that swapped ``sys.stderr`` since (a notebook, a test's
+    capture) would lose it. Point the handler at the process's own stderr, which absl never
+    closes."""
+    absl_logging = sys.modules.get("absl.logging")
+    if absl_logging is not None:
+        absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
+
+
 def run_app(config_name: str, job: Callable[[Any], None]) -> None:
     """Run ``job(composed_config)`` as a Hydra app with one-line user errors (see module)."""
     import hydra
 
+    _absl_to_process_stderr()
     logging.getLogger("absl").setLevel(logging.ERROR)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     register_schemas()
