@@ -20,3 +20,62 @@ def pytest_configure(config):
     jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+# -- tokenizer folders laid out like real model families' (no download) ----------------------------
+
+import json  # noqa: E402
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+TEMPLATES = pathlib.Path(__file__).parent / "data" / "chat_templates"
+
+FAMILIES = {
+    # family: (template file, added special tokens, added plain tokens, bos, eos, eos list names)
+    "qwen2.5": ("qwen2.5-instruct.jinja", [], [], None, "<|im_end|>",
+                ["<|im_end|>", "<|endoftext|>"]),
+    "qwen3": ("qwen3.jinja", [], ["<think>", "</think>"], None, "<|im_end|>",
+              ["<|im_end|>", "<|endoftext|>"]),
+    "llama3.1": ("llama3.1-instruct.jinja",
+                 ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                  "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"],
+                 [], "<|begin_of_text|>", "<|eot_id|>",
+                 ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"]),
+}  # fmt: skip
+
+
+def make_family_tokenizer(family: str, folder: pathlib.Path) -> pathlib.Path:
+    """The shipped tiny BPE with ``family``'s real chat template and the special tokens it
+    names, saved as a tokenizer folder with a ``generation_config.json`` eos list like the
+    hub's (``chat.tokenizer=<folder>``)."""
+    from jaxrl_agents.chat import load_tiny_tokenizer
+
+    tpl, special, plain, bos, eos, eos_list = FAMILIES[family]
+    tok = load_tiny_tokenizer(cached=False)
+    if special:
+        tok.add_special_tokens({"additional_special_tokens": special})
+    if plain:
+        tok.add_tokens(plain)
+    if bos:
+        tok.bos_token = bos
+    tok.eos_token = eos
+    tok.chat_template = (TEMPLATES / tpl).read_text()
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(folder))
+    ids = [tok.convert_tokens_to_ids(t) for t in eos_list]
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def family_tokenizer(tmp_path_factory):
+    """``family -> tokenizer folder`` (built once per session)."""
+    made: dict[str, pathlib.Path] = {}
+
+    def get(family: str) -> pathlib.Path:
+        if family not in made:
+            made[family] = make_family_tokenizer(family, tmp_path_factory.mktemp(family))
+        return made[family]
+
+    return get

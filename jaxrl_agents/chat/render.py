@@ -8,17 +8,31 @@ A rollout's token ids are built incrementally and never re-tokenized:
 3. ``continuation_ids(new messages)``: the tokens that follow the stop token in the template's
    rendering of the longer conversation: the template's tail after an assistant message (``"\\n"``
    for ChatML), the new tool/user messages, and the generation prompt. It is found by rendering a
-   fixed dummy conversation ``[user, assistant]`` with and without the new messages and tokenizing
-   only the string difference, so it works for any template that renders a conversation's prefix
-   as a prefix of its rendering (ChatML/Qwen2.5, Llama 3, the shipped tiny template); a template
-   that does not raises ``ValueError`` rather than drifting silently.
+   fixed dummy conversation ``[user, assistant, *new messages]`` and tokenizing only the text after
+   the dummy assistant's stop token.
 
 Because the stop token and the chat markup are added tokens, every piece starts and ends at a
 token boundary of the full rendering, so for canonical assistant text (what
-:meth:`ChatFormat.assistant_text` produces) the concatenation equals the tokenization of the final
-conversation's rendering, up to the template's tail after the last stop token (tested for the tiny
-and a Qwen2.5-style template). :meth:`ChatFormat.encode_conversation` builds SFT data the same
+:meth:`ChatFormat.assistant_text` produces) and a template that renders a conversation's prefix as
+a prefix of its rendering (ChatML/Qwen2.5, Llama 3.x, the shipped tiny template) the concatenation
+equals the tokenization of the final conversation's rendering, up to the template's tail after the
+last stop token (tested). :meth:`ChatFormat.encode_conversation` builds SFT data the same
 incremental way, so SFT and RL see identical token streams.
+
+**History-rewriting templates** (``ChatFormat.rewrites_history``; Qwen3 drops the ``<think>`` blocks
+of earlier assistant turns and gives the final one an empty block): re-rendering the grown
+conversation through such a template is not what the policy sampled from, so nothing here ever
+re-renders it. The trajectory keeps the sampled ids verbatim, and only the *new* messages are
+rendered, as a continuation of them (step 3 needs only the text after one assistant turn, not a
+prefix-preserving template). The training ids therefore equal what the sampler saw, turn by turn:
+the log-probs the update recomputes are of the context the behaviour policy really had, not of a
+rewritten history it never saw (which would make every later turn off-policy by an unmeasured
+amount). The price: a long conversation served later by an inference server that re-renders the
+history each request shows the model less of its own earlier reasoning than training did. SFT
+data (``encode_conversation``) is built the same way, each assistant turn rendered as the template
+renders a final one (with its think block), so SFT and RL agree. Sampled ``<think>`` content is kept
+in the parsed message as ``reasoning_content`` (the trajectory record), and only the text after it
+is parsed for tool calls and handed to the environment.
 
 Deviation to know: the message list is a *view* of the trajectory. Sampled text that is not in
 canonical form (other JSON spacing, malformed calls) keeps its sampled ids in the trajectory, while
@@ -28,10 +42,17 @@ the parsed assistant message holds the content with all call markup removed plus
 from __future__ import annotations
 
 import copy
+import os
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from jaxrl_agents.chat.templates import CHAT_TEMPLATES
-from jaxrl_agents.chat.tool_calls import MAX_TOOL_CALLS, TOOL_CALL_PARSERS, parse_tool_calls
+from jaxrl_agents.chat.templates import CHAT_TEMPLATES, resolve_template
+from jaxrl_agents.chat.tool_calls import (
+    MAX_TOOL_CALLS,
+    TOOL_CALL_PARSERS,
+    detect_tool_parser,
+    parse_tool_calls,
+)
 from jaxrl_agents.facts import decode_arguments
 from jaxrl_agents.types import Message, ToolCall
 
@@ -53,43 +74,84 @@ class ChatFormat:
 
     Args:
       tokenizer: a transformers tokenizer (``apply_chat_template``, ``encode``, ``decode``).
-      tool_parser: name of the tool-call format in ``TOOL_CALL_PARSERS`` (default ``hermes``).
-      chat_template: template text, or a name in ``CHAT_TEMPLATES`` (``tiny``, ``qwen2.5``);
-        default: the tokenizer's own ``chat_template``.
+      tool_parser: name of the tool-call format in ``TOOL_CALL_PARSERS`` (``hermes``,
+        ``llama3_json``, or a registered one), or ``auto`` (default): the one format the template
+        renders (:func:`~jaxrl_agents.chat.tool_calls.detect_tool_parser`; ``ValueError`` when
+        that is ambiguous).
+      chat_template: template text, a name in ``CHAT_TEMPLATES`` (``tiny``, ``qwen2.5``) or the
+        path of a template file; default: the tokenizer's own ``chat_template``.
       max_tool_calls: per-turn cap :meth:`parse_assistant` applies (``None``: no cap); calls past
         it come back with ``error`` set, so the environment answers them with a tool error.
+      thinking: the template's ``enable_thinking`` switch (Qwen3: ``False`` prompts with an empty
+        think block, so the policy answers directly); ``None`` leaves the template's default. A
+        template without the switch rejects a bool.
+      extra_stop_ids: more ids that end an assistant turn (a checkpoint's ``generation_config``
+        eos list, e.g. Qwen's ``<|endoftext|>``).
     """
 
     def __init__(
         self,
         tokenizer: Any,
         *,
-        tool_parser: str = "hermes",
+        tool_parser: str = "auto",
         chat_template: str | None = None,
         max_tool_calls: int | None = MAX_TOOL_CALLS,
+        thinking: bool | None = None,
+        extra_stop_ids: Sequence[int] = (),
     ):
-        if tool_parser not in TOOL_CALL_PARSERS:
-            raise ValueError(
-                f"unknown tool_parser {tool_parser!r}; registered: {sorted(TOOL_CALL_PARSERS)}"
-            )
-        template = CHAT_TEMPLATES.get(chat_template, chat_template) if chat_template else None
-        template = template or getattr(tokenizer, "chat_template", None)
+        if chat_template and ("{%" in chat_template or "{{" in chat_template):
+            template = chat_template  # template text itself
+        elif chat_template:
+            template = resolve_template(chat_template)
+        else:
+            template = getattr(tokenizer, "chat_template", None)
         if not isinstance(template, str) or not template:
             raise ValueError(
-                "the tokenizer has no chat_template; pass chat_template= (template text or one of "
-                f"{sorted(CHAT_TEMPLATES)})"
+                "the tokenizer has no chat_template; pass chat_template= (template text, a file, "
+                f"or one of {sorted(CHAT_TEMPLATES)})"
+            )
+        if tool_parser == "auto":
+            tool_parser = detect_tool_parser(template)
+        if tool_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"unknown tool_parser {tool_parser!r}; registered: "
+                f"{sorted(TOOL_CALL_PARSERS)} (or auto)"
             )
         if max_tool_calls is not None and max_tool_calls < 0:
             raise ValueError(f"max_tool_calls must be >= 0 or None, got {max_tool_calls}")
+        if thinking is not None and "enable_thinking" not in template:
+            raise ValueError(
+                f"thinking={thinking}: the chat template has no enable_thinking switch "
+                "(leave it null)"
+            )
         self.tokenizer = tokenizer
         self.tool_parser = tool_parser
         self.max_tool_calls = max_tool_calls
         self.chat_template = template
+        self.thinking = thinking
+        self.template_kwargs: dict[str, Any] = (
+            {} if thinking is None else {"enable_thinking": thinking}
+        )
+        self.reasoning = _THINK_CLOSE in template
+        """Whether sampled turns are split into ``reasoning_content`` and content (templates
+        that know ``<think>`` blocks)."""
         self.stop_token, stop_id = self._find_stop_token()
+        added = tokenizer.get_added_vocab()
+        ends = [int(added[t]) for t in _END_OF_TURN if t in added and t in template]
         eos = tokenizer.eos_token_id
-        self.stop_token_ids: list[int] = [stop_id] + ([eos] if eos not in (None, stop_id) else [])
+        ids = [stop_id, *([] if eos is None else [int(eos)]), *ends, *map(int, extra_stop_ids)]
+        self.stop_token_ids: list[int] = list(dict.fromkeys(ids))
+        """The template's assistant stop first (what SFT data and scripted turns end with),
+        then every other id that ends a turn."""
         pad = tokenizer.pad_token_id
         self.pad_id: int = int(pad if pad is not None else self.stop_token_ids[-1])
+        self.single_call_turns = self._single_call_turns()
+        """Whether the template renders at most one tool call per assistant turn (Llama 3.1
+        raises on more; scripted multi-call turns are then issued one call per turn)."""
+        self.rewrites_history = self._rewrites_history()
+        """Whether the template re-renders earlier turns once the conversation grows (Qwen3
+        drops earlier reasoning): then a re-rendered conversation is not what was sampled, and
+        only the token-in/token-out record is."""
 
     # -- rendering -------------------------------------------------------------------------
     def render(
@@ -106,6 +168,7 @@ class ChatFormat:
             chat_template=self.chat_template,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
         )
         if not isinstance(out, str):  # some transformers versions wrap single renders in a list
             out = out[0]
@@ -126,20 +189,24 @@ class ChatFormat:
     ) -> list[int]:
         """Tokens after an assistant turn's stop token: template tail + ``new_messages`` +
         generation prompt: Int['T']. See the module docstring for how it is derived."""
-        dummy = [
-            {"role": "user", "content": _DUMMY_USER},
-            {"role": "assistant", "content": _DUMMY_ASSISTANT},
-        ]
-        base = self.render(dummy, tools)
-        full = self.render(dummy + list(new_messages), tools, add_generation_prompt=True)
-        if not full.startswith(base):
+        return self.encode(self._continuation_text(list(new_messages), tools))
+
+    def _continuation_text(self, new: list[Message], tools: list[dict[str, Any]] | None) -> str:
+        user = {"role": "user", "content": _DUMMY_USER}
+        full = self.render(
+            [user, {"role": "assistant", "content": _DUMMY_ASSISTANT}, *new],
+            tools,
+            add_generation_prompt=True,
+        )
+        head = self.render([user], tools)
+        at = full.find(_DUMMY_ASSISTANT, len(os.path.commonprefix([head, full])))
+        stop = -1 if at < 0 else full.find(self.stop_token, at + len(_DUMMY_ASSISTANT))
+        if stop < 0:
             raise ValueError(
-                "chat template does not render a conversation's prefix as a prefix of its "
-                "rendering, so continuation tokens cannot be derived without re-tokenizing; "
-                f"rendering of [user, assistant] = {base[-200:]!r}..."
+                "cannot find where an assistant turn ends in the chat template's rendering of "
+                f"[user, assistant, ...]: {full[-300:]!r}"
             )
-        after_stop = base.rfind(self.stop_token) + len(self.stop_token)
-        return self.encode(base[after_stop:] + full[len(base) :])
+        return full[stop + len(self.stop_token) :]
 
     def assistant_text(self, message: Message) -> str:
         """What the policy must generate for ``message`` (content + tool-call blocks exactly as
@@ -149,14 +216,42 @@ class ChatFormat:
         msg = {"role": "assistant", "content": message.get("content") or ""}
         if message.get("tool_calls"):
             msg["tool_calls"] = message["tool_calls"]
+        if message.get("reasoning_content") is not None:
+            msg["reasoning_content"] = message["reasoning_content"]
         full = self.render(head + [msg])
         if not full.startswith(base):
             raise ValueError(
-                "chat template does not render an assistant message as generation prompt + text: "
-                f"{full[:200]!r}"
+                "chat template does not render an assistant message as generation prompt + text"
+                f"{' (thinking=false with reasoning_content?)' if self.thinking is False else ''}"
+                f": {full[-200:]!r}"
             )
         rest = full[len(base) :]
         return rest[: rest.rfind(self.stop_token)]
+
+    def check_round_trip(self, message: Message) -> str | None:
+        """``None`` when parsing what the template renders for assistant ``message`` gives its
+        tool calls back (and, for a turn without calls, its content); else the reason, naming
+        the rendered text and what the parser read from it."""
+        text = self.assistant_text(message)
+        parsed, calls = self.parse_assistant(text)
+        want = [_call_pair(c) for c in message.get("tool_calls") or []]
+        got = [(c.name, c.arguments) for c in calls if c.error is None]
+        if want != got:
+            errors = [c.error for c in calls if c.error]
+            return (
+                f"it renders the call(s) {[n for n, _ in want]} as {text[-160:]!r}, from which the "
+                f"{self.tool_parser!r} parser reads {len(got)} call(s) {[n for n, _ in got]}"
+                + (f" ({errors[0]})" if errors else "")
+            )
+        if (
+            not want
+            and (parsed.get("content") or "").strip() != (message.get("content") or "").strip()
+        ):
+            return (
+                f"it renders an answer as {text[-160:]!r}, which the {self.tool_parser!r} parser "
+                f"reads as content {parsed.get('content')!r:.120}"
+            )
+        return None
 
     # -- parsing ---------------------------------------------------------------------------
     def parse_assistant(self, text: str) -> tuple[Message, list[ToolCall]]:
@@ -166,10 +261,13 @@ class ChatFormat:
         returned in the list for the environment to answer with a tool error, as are the calls past
         ``self.max_tool_calls``. Never raises.
         """
+        reasoning, body = split_reasoning(text) if self.reasoning else (None, text)
         content, calls = parse_tool_calls(
-            text, format=self.tool_parser, max_calls=self.max_tool_calls
+            body, format=self.tool_parser, max_calls=self.max_tool_calls
         )
         message: Message = {"role": "assistant", "content": content}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         valid = [c.to_openai() for c in calls if c.error is None]
         if valid:
             message["tool_calls"] = valid
@@ -223,6 +321,55 @@ class ChatFormat:
             )
         token = max(matches, key=len)
         return token, int(added[token])
+
+    def _single_call_turns(self) -> bool:
+        call = {"type": "function", "function": {"name": "f", "arguments": {}}}
+        try:
+            self.assistant_text({"role": "assistant", "content": "", "tool_calls": [call, call]})
+        except Exception:  # noqa: BLE001 - the template refuses two calls in one turn
+            return True
+        return False
+
+    def _rewrites_history(self) -> bool:
+        user = {"role": "user", "content": _DUMMY_USER}
+        turn = [user, {"role": "assistant", "content": _DUMMY_ASSISTANT}]
+        try:
+            base = self.render(turn)
+            more = self.render([*turn, {"role": "user", "content": _DUMMY_USER}])
+        except Exception:  # noqa: BLE001 - a template that cannot render this probe
+            return True
+        return not more.startswith(base)
+
+
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_END_OF_TURN = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end_of_text|>", "<|endoftext|>",
+                "<end_of_turn>")  # fmt: skip
+"""Tokens that end a turn when the template writes them (Llama 3.x ends a tool-call turn with
+``<|eom_id|>`` in ipython mode and others with ``<|eot_id|>``: both stop)."""
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """``(reasoning, rest)`` of a sampled turn: the ``<think>...</think>`` block's inside (``None``
+    when there is none; everything after an unclosed ``<think>`` when the turn was cut off) and
+    the text after it, which alone is parsed for tool calls and handed to the environment."""
+    close = text.find(_THINK_CLOSE)
+    if close < 0:
+        open_ = text.find(_THINK_OPEN)
+        if open_ < 0 or text[:open_].strip():
+            return None, text
+        return text[open_ + len(_THINK_OPEN) :].strip("\n"), ""
+    head = text[:close]
+    open_ = head.find(_THINK_OPEN)
+    reasoning = head[open_ + len(_THINK_OPEN) :] if open_ >= 0 else head
+    return reasoning.strip("\n"), text[close + len(_THINK_CLOSE) :].lstrip("\n")
+
+
+def _call_pair(call: dict[str, Any]) -> tuple[str, Any]:
+    fn = call.get("function", call)
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        args, _ = decode_arguments(args)
+    return fn.get("name"), args or {}
 
 
 def _normalize(message: Message) -> Message:

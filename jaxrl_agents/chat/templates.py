@@ -127,7 +127,39 @@ assistant.<|im_end|>\\n' }}
 """
 
 CHAT_TEMPLATES: dict[str, str] = {"tiny": TINY_CHAT_TEMPLATE, "qwen2.5": QWEN25_CHAT_TEMPLATE}
-"""Templates by name, for configs (``chat_template: qwen2.5``)."""
+"""Templates by name, for configs (``chat.template=qwen2.5``)."""
+
+
+def resolve_template(spec: str) -> str:
+    """Template text of ``spec``: a name in :data:`CHAT_TEMPLATES`, or the path of a Jinja file
+    (e.g. a model's ``chat_template.jinja``, or ``tokenizer_config.json`` whose
+    ``chat_template`` is used). ``ValueError`` naming both options otherwise."""
+    from pathlib import Path
+
+    if spec in CHAT_TEMPLATES:
+        return CHAT_TEMPLATES[spec]
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        for name in ("chat_template.jinja", "tokenizer_config.json"):
+            if (path / name).is_file():
+                return resolve_template(str(path / name))
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json":
+            data = json.loads(text)
+            tpl = data.get("chat_template") if isinstance(data, dict) else None
+            if isinstance(tpl, list):  # named templates: the default one
+                tpl = next((t.get("template") for t in tpl if t.get("name") == "default"), None)
+            if not isinstance(tpl, str) or not tpl:
+                raise ValueError(f"{path} has no chat_template string")
+            return tpl
+        if not text.strip():
+            raise ValueError(f"chat template file {path} is empty")
+        return text
+    raise ValueError(
+        f"chat template {spec!r} is neither a shipped template "
+        f"({', '.join(sorted(CHAT_TEMPLATES))}) nor an existing file or folder"
+    )
 
 
 def _tojson(

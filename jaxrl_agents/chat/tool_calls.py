@@ -22,7 +22,17 @@ error instead of executing it.
 Leniencies (documented deviations from the strictest reading): ``arguments`` may be a JSON *string*
 holding an object (OpenAI wire style), ``parameters`` is accepted for ``arguments`` (Llama style),
 and a call without ``arguments`` means ``{}``. A stray ``</tool_call>`` with no opener stays in the
-content. Other formats plug in with :func:`register_tool_parser`.
+content.
+
+The ``llama3_json`` format is Llama 3.1-3.3's custom-tool one: the whole assistant turn is one JSON
+object ``{"name": ..., "parameters": {...}}`` (optionally after ``<|python_tag|>``; several
+objects separated by ``;`` are accepted too). A turn that does not start with ``{`` is plain
+content; one that starts with ``{`` and names a ``"name"`` but does not decode is a malformed call;
+a JSON object
+without ``"name"`` is content (e.g. a JSON answer).
+
+Other formats plug in with :func:`register_tool_parser`; ``detect`` tells ``tool_parser=auto``
+(:func:`detect_tool_parser`) which chat templates render that format.
 """
 
 from __future__ import annotations
@@ -43,6 +53,8 @@ call it found. A parser may also take a keyword ``max_calls`` (then it is passed
 the blocks past the cap, as the built-in one does; it returns them as calls all the same."""
 
 TOOL_CALL_PARSERS: dict[str, ToolParser] = {}
+TOOL_PARSER_DETECTORS: dict[str, Callable[[str], bool]] = {}
+"""``name -> (chat template text -> whether the template renders this format)``, for ``auto``."""
 
 MAX_TOOL_CALLS = 16
 """Default cap on the tool calls of one assistant turn (later ones become error calls)."""
@@ -52,9 +64,18 @@ _NAME_GUESS_MAX = 64  # tool names are at most 64 characters (envs.tools.derive_
 
 
 def register_tool_parser(
-    name: str, parser: ToolParser | None = None, *, overwrite: bool = False
+    name: str,
+    parser: ToolParser | None = None,
+    *,
+    overwrite: bool = False,
+    detect: Callable[[str], bool] | None = None,
 ) -> Any:
-    """Register ``parser`` under ``name``; without ``parser`` it returns a decorator."""
+    """Register ``parser`` under ``name``; without ``parser`` it returns a decorator.
+
+    ``detect(template_text) -> bool``: whether a chat template renders calls in this format, so
+    ``tool_parser=auto`` can pick it (optional; without it ``auto`` never picks this parser)."""
+    if name == "auto":
+        raise ValueError("'auto' is reserved (it detects the parser from the chat template)")
 
     def add(fn: ToolParser) -> ToolParser:
         if name in TOOL_CALL_PARSERS and not overwrite:
@@ -63,6 +84,10 @@ def register_tool_parser(
                 "pass overwrite=True to replace it"
             )
         TOOL_CALL_PARSERS[name] = fn
+        if detect is not None:
+            TOOL_PARSER_DETECTORS[name] = detect
+        else:
+            TOOL_PARSER_DETECTORS.pop(name, None)
         return fn
 
     return add if parser is None else add(parser)
@@ -191,4 +216,60 @@ def _tag_parser(open_tag: str, close_tag: str) -> ToolParser:
     return parse
 
 
-register_tool_parser("hermes", _tag_parser("<tool_call>", "</tool_call>"))
+def _llama3_json(text: str) -> tuple[str, list[ToolCall]]:
+    """Llama 3.x custom tool calls: the turn is ``[<|python_tag|>]{json}[; {json}...]``."""
+    body = text.strip()
+    if body.startswith(_PYTHON_TAG):
+        body = body[len(_PYTHON_TAG) :].lstrip()
+    if not body.startswith("{"):
+        return text, []
+    decoder = json.JSONDecoder()
+    calls: list[ToolCall] = []
+    pos = 0
+    while pos < len(body) and body[pos] == "{":
+        try:
+            obj, end = decoder.raw_decode(body, pos)
+        except Exception:  # noqa: BLE001 - every decoding failure is a malformed call or content
+            if calls or _NAME_GUESS.search(body, pos):
+                calls.append(call_from_json(body[pos:].strip(), raw=body[pos:]))
+                pos = len(body)
+            break
+        if not isinstance(obj, dict) or "name" not in obj:
+            break  # a JSON value that is not a call: content
+        calls.append(call_from_json(body[pos:end], raw=body[pos:end]))
+        pos = end
+        while pos < len(body) and (body[pos].isspace() or body[pos] == ";"):
+            pos += 1
+    if not calls:
+        return text, []
+    return body[pos:].strip(), calls
+
+
+_PYTHON_TAG = "<|python_tag|>"
+
+
+def _is_hermes(template: str) -> bool:
+    return "<tool_call>" in template
+
+
+def _is_llama3_json(template: str) -> bool:
+    return '"parameters"' in template and ("ipython" in template or _PYTHON_TAG in template)
+
+
+def detect_tool_parser(template: str) -> str:
+    """The one registered format whose detector matches ``template``; ``ValueError`` naming the
+    candidates when none or several do (then the config must name the parser)."""
+    hits = sorted(n for n, fn in TOOL_PARSER_DETECTORS.items() if n in TOOL_CALL_PARSERS
+                  and fn(template))  # fmt: skip
+    if len(hits) == 1:
+        return hits[0]
+    what = "matches none" if not hits else f"matches several ({', '.join(hits)})"
+    raise ValueError(
+        f"tool_parser=auto cannot tell the chat template's tool-call format: it {what} of the "
+        f"detectable formats {sorted(TOOL_PARSER_DETECTORS)}; name one of "
+        f"{sorted(TOOL_CALL_PARSERS)}"
+    )
+
+
+register_tool_parser("hermes", _tag_parser("<tool_call>", "</tool_call>"), detect=_is_hermes)
+register_tool_parser("llama3_json", _llama3_json, detect=_is_llama3_json)

@@ -42,10 +42,16 @@ class ScriptedSession:
         self.length += len(new_token_ids)
         if self.engine.latency_s:
             await asyncio.sleep(self.engine.latency_s)
+        chat = self.engine.chat
         if self.policy is None:
             self.policy = self.engine.policy_for(self.task)
+            if getattr(chat, "single_call_turns", False):
+                self.policy = one_call_per_turn(self.policy)
         msg = self.policy(list(self.messages))
-        chat = self.engine.chat
+        if self.engine.check_round_trip:
+            reason = chat.check_round_trip(msg)
+            if reason is not None:
+                self.engine.mismatches.append(reason)
         ids = chat.tokenizer.encode(chat.assistant_text(msg), add_special_tokens=False)
         ids = ids + [chat.stop_token_ids[0]]
         max_new = getattr(params, "max_new_tokens", len(ids))
@@ -61,7 +67,8 @@ class ScriptedSession:
 
 class ScriptedEngine:
     """``policy_factory(task) -> Policy`` builds the policy for each episode (e.g. an env's
-    ``oracle_policy``); a plain ``policy`` serves every episode."""
+    ``oracle_policy``); a plain ``policy`` serves every episode. ``check_round_trip``: parse
+    each scripted turn back through the chat format and record mismatches (start-up checks)."""
 
     def __init__(
         self,
@@ -70,12 +77,17 @@ class ScriptedEngine:
         policy: Policy | None = None,
         policy_factory: Callable[[Task], Policy] | None = None,
         latency_s: float = 0.0,
+        check_round_trip: bool = False,
     ):
         if (policy is None) == (policy_factory is None):
             raise ValueError("ScriptedEngine needs exactly one of policy= or policy_factory=")
         self.chat, self.latency_s = chat, latency_s
         self._policy, self._factory = policy, policy_factory
         self.open_sessions = 0
+        self.check_round_trip = check_round_trip
+        self.mismatches: list[str] = []
+        """With ``check_round_trip``: why a scripted turn did not parse back to itself through
+        the chat format (template / tool-parser mismatch), one entry per such turn."""
 
     def policy_for(self, task: Task | None) -> Policy:
         return self._policy if self._policy is not None else self._factory(task)
@@ -83,6 +95,38 @@ class ScriptedEngine:
     async def open_session(self) -> ScriptedSession:
         self.open_sessions += 1
         return ScriptedSession(self)
+
+
+def one_call_per_turn(policy: Policy) -> Policy:
+    """``policy`` for chat templates that render one tool call per assistant turn (Llama 3.1
+    raises on more): a turn with k calls is issued as k consecutive one-call turns (the content
+    goes with the first), and the wrapped policy sees the history as if it had made them in one
+    turn, so its own turn counting is unchanged. The env answers each call as it would have."""
+    pending: list[dict] = []
+    continued: set[int] = set()  # positions of the assistant messages that continue a split turn
+
+    def view(messages: list[Message]) -> list[Message]:
+        out: list[Message] = []
+        for i, m in enumerate(messages):
+            if i in continued:
+                head = next(x for x in reversed(out) if x.get("role") == "assistant")
+                head["tool_calls"] = [*head.get("tool_calls", []), *m.get("tool_calls", [])]
+            else:
+                out.append(dict(m))
+        return out
+
+    def act(messages: list[Message]) -> Message:
+        if pending:
+            continued.add(len(messages))
+            return {"role": "assistant", "content": "", "tool_calls": [pending.pop(0)]}
+        msg = dict(policy(view(messages)))
+        calls = list(msg.get("tool_calls") or [])
+        if len(calls) > 1:
+            pending.extend(calls[1:])
+            msg["tool_calls"] = calls[:1]
+        return msg
+
+    return act
 
 
 # -- scripted policies of an environment -------------------------------------------------------

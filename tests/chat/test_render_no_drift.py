@@ -222,16 +222,21 @@ def test_stop_and_pad_ids(chat):
     assert base.stop_token_ids == [2, 0] and base.pad_id == 0
 
 
-def test_template_without_prefix_property_is_refused():
-    # Renders the message count in the header: a longer conversation changes earlier text.
-    bad = (
+def test_history_rewriting_template_renders_only_the_new_messages():
+    # Renders the message count in the header: a longer conversation changes earlier text, so
+    # re-rendering would not be what was sampled; the continuation is the text after the turn.
+    rewriting = (
         "{{ messages | length }}{% for m in messages %}<|im_start|>{{ m.role }}\n"
         "{{ m.content }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    chat = ChatFormat(load_tiny_tokenizer(), chat_template=bad)
-    with pytest.raises(ValueError, match="prefix"):
-        chat.continuation_ids([{"role": "user", "content": "more"}])
+    chat = ChatFormat(load_tiny_tokenizer(), chat_template=rewriting, tool_parser="hermes")
+    assert chat.rewrites_history
+    assert not ChatFormat(load_tiny_tokenizer()).rewrites_history
+    ids = chat.continuation_ids([{"role": "user", "content": "more"}])
+    assert (
+        chat.tokenizer.decode(ids) == "\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_configuration_errors_name_the_value():
@@ -241,6 +246,8 @@ def test_configuration_errors_name_the_value():
         ChatFormat(tok)
     no_stop = "{% for m in messages %}{{ m.content }}|{% endfor %}"
     with pytest.raises(ValueError, match="stop token"):
+        ChatFormat(tok, chat_template=no_stop, tool_parser="hermes")
+    with pytest.raises(ValueError, match="auto cannot tell.*matches none"):
         ChatFormat(tok, chat_template=no_stop)
     with pytest.raises(ValueError, match="starts with an assistant"):
         ChatFormat(load_tiny_tokenizer()).encode_conversation(

@@ -260,14 +260,17 @@ def test_many_unclosed_openers_parse_in_linear_time():
     ~15x the time (quadratic would be 100x), with a loose absolute bound for a loaded CI machine
     (alone it takes ~0.2 s)."""
 
-    def timed(n):
-        t0 = time.perf_counter()
-        out = parse_tool_calls("<tool_call>" * n)
-        return time.perf_counter() - t0, out
+    def timed(n, repeats=3):  # best of a few: a loaded machine only ever adds time
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = parse_tool_calls("<tool_call>" * n)
+            best = min(best, time.perf_counter() - t0)
+        return best, out
 
     small, _ = timed(10_000)
-    elapsed, (content, calls) = timed(100_000)
-    assert elapsed < 15 * small + 0.1 and elapsed < 5.0, (small, elapsed)
+    elapsed, (content, calls) = timed(100_000, repeats=2)
+    assert elapsed < 15 * small + 0.2 and elapsed < 5.0, (small, elapsed)
     assert content == "" and len(calls) == 100_000
     assert all(c.error is not None for c in calls)
     assert "unterminated" in calls[0].error and "too many tool calls" in calls[-1].error
