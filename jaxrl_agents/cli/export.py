@@ -3,6 +3,7 @@
 jaxrl-export run_dir=runs/demo/seed0                 # newest checkpoint
 jaxrl-export run_dir=runs/demo/seed0 which=best out=/tmp/best_hf
 jaxrl-export run_dir=runs/demo/seed0 step=310
+jaxrl-export run_dir=runs/qwen/seed0 dtype=float32   # default: the source checkpoint's dtype
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ shard. The host holds one parameter at a time -- for the stacked per-layer weigh
 
 Export is the inverse mapping; safetensors files are split at ``max_shard_size`` with an index,
 and the folder loads with ``AutoModelForCausalLM`` / ``AutoTokenizer``. fp32 round trips are exact
-(transposes and reshapes only).
+(transposes and reshapes only), and so is a bf16 checkpoint loaded in fp32 and exported in bf16.
+Given the ``source`` folder the weights came from, the export is written in the source's dtype and
+its ``generation_config.json`` starts from the source's; given a ``tokenizer_source`` folder, its
+tokenizer files are copied byte for byte.
 
 Multi-host: loading works per process (each reads what its devices need); export gathers each
 parameter with ``process_allgather`` and only process 0 writes.
@@ -20,7 +23,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator
+import shutil
+import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,19 @@ from jaxrl_agents.sharding import logical_sharding
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+GENERATION_FILE = "generation_config.json"
+EXPORT_DTYPES: tuple[str, ...] = ("bfloat16", "float32", "float16")
+"""The dtypes an export can be written in."""
+TOKENIZER_FILES: tuple[str, ...] = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "vocab.txt",
+    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "tiktoken.model",
+)  # fmt: skip
+"""The files a tokenizer folder may hold (plus the tokenizer class's ``vocab_files_names`` and an
+``additional_chat_templates/`` folder): copied verbatim by :func:`export_pretrained`."""
+_SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F32": "float32", "F16": "float16"}
+_SAMPLING_ONLY = ("temperature", "top_p", "top_k", "min_p", "top_h", "typical_p",
+                  "epsilon_cutoff", "eta_cutoff")  # fmt: skip
 
 
 class CheckpointError(ValueError):
@@ -258,6 +276,93 @@ def hf_tensors(model: Transformer, *, dtype: str | None = None) -> Iterator[tupl
             yield m.hf_name, _to_hf(host, m.n_in)
 
 
+def source_dtype(path: str | Path) -> str | None:
+    """The dtype a local HF checkpoint is stored in: ``config.json``'s ``torch_dtype`` (``dtype``
+    in transformers 5), else its safetensors tensors' (the most common one); ``None`` when neither
+    names one of :data:`EXPORT_DTYPES`."""
+    folder = Path(path)
+    try:
+        hf = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        hf = {}
+    for key in ("torch_dtype", "dtype"):
+        name = hf.get(key)
+        if isinstance(name, str) and name.removeprefix("torch.") in EXPORT_DTYPES:
+            return name.removeprefix("torch.")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    try:  # the header: 8-byte little-endian length, then JSON {name: {"dtype": ...}, ...}
+        with open(files[0], "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    counts: dict[str, int] = {}
+    for name, info in header.items():
+        if name != "__metadata__" and isinstance(info, dict):
+            counts[info.get("dtype")] = counts.get(info.get("dtype"), 0) + 1
+    found = max(counts, key=counts.get) if counts else None
+    return _SAFETENSORS_DTYPES.get(found)
+
+
+def _ids(x: Any) -> list[int]:
+    if x is None:
+        return []
+    return [int(i) for i in x] if isinstance(x, (list, tuple)) else [int(x)]
+
+
+def _generation_config(
+    hf: dict[str, Any],
+    tokenizer: Any,
+    source: Path | None,
+    stop_token_ids: Sequence[int],
+    generation: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """``generation_config.json``: the source's (missing bos/eos/pad from ``hf``, else the
+    tokenizer's eos), ``stop_token_ids`` added to ``eos_token_id``, then ``generation`` on top."""
+    gen: dict[str, Any] = {}
+    if source is not None and (source / GENERATION_FILE).is_file():
+        gen = json.loads((source / GENERATION_FILE).read_text())
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if gen.get(k) is None and hf.get(k) is not None:
+            gen[k] = hf[k]
+    eos = _ids(gen.get("eos_token_id"))
+    if not eos:
+        eos = _ids(getattr(tokenizer, "eos_token_id", None))
+    eos += [int(i) for i in dict.fromkeys(stop_token_ids) if int(i) not in eos]
+    if eos:
+        gen["eos_token_id"] = eos if len(eos) > 1 else eos[0]
+    gen.update(generation or {})
+    if gen.get("do_sample") is False:  # transformers refuses sampling flags on greedy configs
+        for k in _SAMPLING_ONLY:
+            gen.pop(k, None)
+    return gen
+
+
+def _write_tokenizer(tokenizer: Any, tokenizer_source: Path | None, folder: Path) -> None:
+    """Copy ``tokenizer_source``'s tokenizer files verbatim (else ``tokenizer.save_pretrained``);
+    tokenizer files of an earlier export that the new one lacks are removed."""
+    names = set(TOKENIZER_FILES) | set(getattr(tokenizer, "vocab_files_names", {}).values())
+    templates = "additional_chat_templates"
+    copy = tokenizer_source is not None and any(
+        (tokenizer_source / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")
+    )
+    if not copy and tokenizer is None:
+        return
+    for name in sorted(names):
+        (folder / name).unlink(missing_ok=True)
+    shutil.rmtree(folder / templates, ignore_errors=True)
+    if not copy:
+        tokenizer.save_pretrained(str(folder))
+        return
+    for name in sorted(names):
+        if (tokenizer_source / name).is_file():
+            shutil.copyfile(tokenizer_source / name, folder / name)
+    if (tokenizer_source / templates).is_dir():
+        shutil.copytree(tokenizer_source / templates, folder / templates)
+
+
 def export_pretrained(
     model: Transformer,
     path: str | Path,
@@ -266,19 +371,51 @@ def export_pretrained(
     max_shard_size: int | str = "2GB",
     dtype: str | None = None,
     generation: dict[str, Any] | None = None,
+    source: str | Path | None = None,
+    tokenizer_source: str | Path | None = None,
+    stop_token_ids: Sequence[int] = (),
 ) -> Path:
     """Write an HF folder: config.json, generation_config.json, safetensors (+ index), tokenizer.
 
-    ``generation``: extra ``generation_config.json`` entries (e.g. the sampling settings the
-    policy was trained with: ``do_sample``, ``temperature``, ``top_p``, ``top_k``)."""
+    ``dtype``: the dtype of the written tensors (one of :data:`EXPORT_DTYPES`; config.json's
+    ``torch_dtype`` says it). Default: the ``source`` checkpoint's (:func:`source_dtype`), else
+    the model's ``param_dtype``.
+
+    ``source``: the HF folder the weights were loaded from. Its ``generation_config.json``, when
+    there is one, is the base of the exported one (its eos list, bos/pad, sampling defaults).
+    Without it: bos/eos/pad of config.json (eos: else the tokenizer's).
+
+    ``stop_token_ids``: more ids that end generation (e.g. every stop id of the policy's chat
+    format), added to ``eos_token_id`` -- a list when there are several ids, one int for one.
+
+    ``generation``: entries applied on top (e.g. the sampling settings the policy was trained
+    with: ``do_sample``, ``temperature``, ``top_p``, ``top_k``); with ``do_sample=False`` the
+    sampling-only entries are dropped (transformers rejects them on a greedy config).
+
+    ``tokenizer_source``: a folder whose tokenizer files (:data:`TOKENIZER_FILES`, e.g.
+    ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``) are copied byte for
+    byte instead of ``tokenizer.save_pretrained`` (which rewrites them, e.g. moving the chat
+    template to ``chat_template.jinja`` in transformers 5)."""
     from safetensors.numpy import save_file
 
     folder = Path(path)
+    source = Path(source) if source is not None else None
+    tokenizer_source = Path(tokenizer_source) if tokenizer_source is not None else None
+    for src in (source, tokenizer_source):
+        if src is not None and folder.resolve() == src.resolve():
+            raise ValueError(f"cannot export into {src}, the folder being exported from")
+    if dtype is None and source is not None:
+        dtype = source_dtype(source)
+    out_dtype = dtype or model.cfg.param_dtype
+    if not isinstance(out_dtype, str):  # jnp.bfloat16 / np.dtype too
+        out_dtype = jnp.dtype(out_dtype).name
+    if out_dtype not in EXPORT_DTYPES:
+        raise ValueError(f"dtype={out_dtype!r}: expected one of {', '.join(EXPORT_DTYPES)}")
     limit = parse_size(max_shard_size)
     write = jax.process_index() == 0
     shards: list[dict[str, np.ndarray]] = [{}]
     sizes = [0]
-    for name, arr in hf_tensors(model, dtype=dtype):
+    for name, arr in hf_tensors(model, dtype=out_dtype):
         if shards[-1] and sizes[-1] + arr.nbytes > limit:
             shards.append({})
             sizes.append(0)
@@ -300,14 +437,10 @@ def export_pretrained(
         index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
         (folder / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
         (folder / SINGLE_FILE).unlink(missing_ok=True)
-    cfg = model.cfg.replace(param_dtype=str(jnp.dtype(dtype or model.cfg.param_dtype)))
-    hf = cfg.to_hf_config()
+    hf = model.cfg.to_hf_config()
+    hf["torch_dtype"] = out_dtype  # float16 is no ModelConfig.param_dtype, so set it here
     (folder / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True))
-    gen = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf[k] is not None}
-    if "eos_token_id" not in gen and getattr(tokenizer, "eos_token_id", None) is not None:
-        gen["eos_token_id"] = tokenizer.eos_token_id
-    gen.update(generation or {})
-    (folder / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(folder))
+    gen = _generation_config(hf, tokenizer, source, stop_token_ids, generation)
+    (folder / GENERATION_FILE).write_text(json.dumps(gen, indent=2, sort_keys=True))
+    _write_tokenizer(tokenizer, tokenizer_source, folder)
     return folder
