@@ -94,6 +94,16 @@ def format_summary(summary: dict) -> str:
     table = "\n".join(f"{a:<34}{b:<24}{c}" for a, b, c in rows)
     if best:
         table += f"\nkeep-best (by validation): RL step {best['rl_step']} (checkpoints/best/)"
+    errors = summary.get("episode_errors") or []
+    if errors:
+        worst = max(errors, key=lambda e: (e.get("env_error", 0) + e.get("reward_error", 0))
+                    / max(e["episodes"], 1))  # fmt: skip
+        table += (
+            f"\nWARNING: {len(errors)} stage(s) had episodes ending in errors past "
+            f"trainer.error_warn_frac; worst: {worst['where']}: env_error "
+            f"{worst.get('env_error', 0)}, reward_error {worst.get('reward_error', 0)} of "
+            f"{worst['episodes']}; first: {worst['first'][:200]} (summary.json: episode_errors)"
+        )
     return table
 
 

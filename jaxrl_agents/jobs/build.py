@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxrl_agents.jobs.config import ConfigError, EnvSpec, ModelSpec, RunConfig
+from jaxrl_agents.jobs.config import ChatSpec, ConfigError, EnvSpec, ModelSpec, RunConfig
 
 # -- environments ---------------------------------------------------------------------------------
 
@@ -89,15 +90,101 @@ def resolve_env(spec: EnvSpec, *, extra_task_kwargs: dict[str, Any] | None = Non
 # -- model pieces ---------------------------------------------------------------------------------
 
 
-def build_tokenizer(spec: ModelSpec):
+def build_tokenizer(spec: ChatSpec, model_path: str | None = None):
+    """``chat.tokenizer``, else the model folder's own, else the shipped tiny one; with
+    ``chat.template`` set, a private copy carrying that template (so checkpoints and exports
+    keep the template the policy was trained with)."""
     from jaxrl_agents.chat import load_tiny_tokenizer
 
-    path = spec.tokenizer or spec.path
-    if path is None or path == "tiny":
-        return load_tiny_tokenizer()
-    from transformers import AutoTokenizer
+    path = spec.tokenizer or model_path
+    template = None
+    if spec.template is not None:
+        from jaxrl_agents.chat.templates import resolve_template
 
-    return AutoTokenizer.from_pretrained(path)
+        try:
+            template = resolve_template(spec.template)
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"chat.template={spec.template}: {e}") from e
+    if path is None or path == "tiny":
+        tok = load_tiny_tokenizer(cached=template is None)
+    else:
+        key = "chat.tokenizer" if spec.tokenizer else "model.path"
+        if not Path(path).is_dir():
+            raise ConfigError(f"{key}={path}: not a folder (a tokenizer folder is needed)")
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{key}={path}: cannot load a tokenizer: {e}") from e
+    if template is not None:
+        tok.chat_template = template
+    return tok
+
+
+def stop_ids_of(folder: str | None) -> list[int]:
+    """The ``eos_token_id`` list of a checkpoint folder's ``generation_config.json`` (every id
+    that ends generation, e.g. Qwen's ``<|im_end|>`` and ``<|endoftext|>``); [] without one."""
+    import json
+
+    if folder is None or not (Path(folder) / "generation_config.json").is_file():
+        return []
+    eos = json.loads((Path(folder) / "generation_config.json").read_text()).get("eos_token_id")
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+
+
+def build_chat(spec: ChatSpec, model_path: str | None = None, tokenizer: Any = None):
+    """The policy's ``ChatFormat`` from the ``chat`` group (errors name the ``chat.*`` key).
+    ``tokenizer``: an already loaded one (e.g. a checkpoint's); default :func:`build_tokenizer`."""
+    from jaxrl_agents.chat import ChatFormat
+    from jaxrl_agents.chat.tool_calls import TOOL_CALL_PARSERS, detect_tool_parser
+
+    tok = tokenizer if tokenizer is not None else build_tokenizer(spec, model_path)
+    template = getattr(tok, "chat_template", None)
+    label = spec.template or f"(the tokenizer's own, {spec.tokenizer or model_path or 'tiny'})"
+    if not isinstance(template, str) or not template:
+        raise ConfigError(f"chat.template: the tokenizer of {label} has no chat template; set "
+                          "chat.template to a template file or one of tiny, qwen2.5")  # fmt: skip
+    parser = spec.tool_parser
+    if parser == "auto":
+        try:
+            parser = detect_tool_parser(template)
+        except ValueError as e:
+            raise ConfigError(f"chat.tool_parser=auto with chat.template={label}: {e}") from e
+    elif parser not in TOOL_CALL_PARSERS:
+        raise ConfigError(f"chat.tool_parser={parser}: not a registered tool-call format; valid: "
+                          f"auto, {', '.join(sorted(TOOL_CALL_PARSERS))}")  # fmt: skip
+    extra = stop_ids_of(model_path) + stop_ids_of(spec.tokenizer)
+    try:
+        chat = ChatFormat(tok, tool_parser=parser, thinking=spec.thinking,
+                          max_tool_calls=spec.max_tool_calls, extra_stop_ids=extra)  # fmt: skip
+    except ValueError as e:
+        key = "chat.thinking" if "thinking" in str(e) else "chat.template"
+        raise ConfigError(f"{key} ({label}): {e}") from e
+    chat.template_label = label
+    return chat
+
+
+def raise_mismatch(chat: Any, engine: Any) -> None:
+    """``ConfigError`` for the first template / parser mismatch a checking scripted engine saw."""
+    if not engine.mismatches:
+        return
+    from jaxrl_agents.chat.tool_calls import detect_tool_parser
+
+    try:
+        fits = detect_tool_parser(chat.chat_template)
+    except ValueError:
+        fits = None
+    hint = (f"set chat.tool_parser={fits} (the format this template renders)"
+            if fits and fits != chat.tool_parser
+            else "choose a chat.template that renders this parser's format")  # fmt: skip
+    label = getattr(chat, "template_label", "(the tokenizer's own)")
+    raise ConfigError(
+        f"chat.template={label} and chat.tool_parser={chat.tool_parser} do not match: "
+        f"{engine.mismatches[0]}; {hint}"
+    )
 
 
 def build_model(spec: ModelSpec, *, vocab_size: int, mesh=None, seed: int = 0):
@@ -251,7 +338,7 @@ def check_run(cfg: RunConfig, env: EnvBinding) -> None:
         raise ConfigError(f"advantage.name={cfg.advantage.name}: {e}{hint}") from e
     if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
         raise ConfigError(f"model.path={cfg.model.path!r} is not a folder (a local HF checkpoint)")
-    if tr.sft_steps > 0:
+    if tr.sft_steps > 0 and tr.sft_oracle:  # SFT on the oracle's golden data needs one
         env.oracle(cfg.env.oracle)
     nproc = jax.process_count()
     if tr.tasks_per_step % nproc:
@@ -347,39 +434,61 @@ def effective_loss(cfg: RunConfig):
 
 async def check_oracle_fits(system: TrainSystem, *, n: int = 16) -> dict[str, int]:
     """Run the env's oracle (with ``env.oracle`` options) on ``n`` train tasks without limits,
-    through the policy's chat format, and stop with one line when the configured limits cannot
-    hold its episodes (otherwise SFT would learn cut-off trajectories and RL could never finish
-    one). Returns what the episodes need."""
-    from jaxrl_agents.rollout import RolloutConfig, ScriptedEngine
-    from jaxrl_agents.types import EndReason
-
+    through the policy's chat format, and stop with one line when the chat format cannot parse
+    back what its template renders, or the configured limits cannot hold the oracle's episodes
+    (otherwise SFT would learn cut-off trajectories and RL could never finish one). Returns what
+    the episodes need."""
     cfg, env = system.cfg, system.env
-    if cfg.trainer.sft_steps == 0:
+    if cfg.trainer.sft_steps == 0 or not cfg.trainer.sft_oracle:
         try:
             env.oracle(cfg.env.oracle)
         except ConfigError:
-            return {}  # no oracle and no SFT: nothing to measure against
+            return {}  # no oracle and no SFT on its data: nothing to measure against
+    limits = [("sampler.max_seq_len", cfg.sampler.max_seq_len, "total_tokens", "tokens in all"),
+              ("trainer.seq_buckets (largest)", max(seq_buckets(cfg)) + 1, "total_tokens",
+               "training positions")]  # fmt: skip
+    return await check_oracle_limits(system.chat, env, cfg.env.oracle, cfg.rollout, limits, n=n,
+                                     env_key=f"env.name={cfg.env.name}")  # fmt: skip
+
+
+async def check_oracle_limits(
+    chat: Any,
+    env: EnvBinding,
+    options: dict[str, Any],
+    rollout: Any,
+    extra: Sequence[tuple[str, int, str, str]] = (),
+    *,
+    n: int = 16,
+    env_key: str = "env.name",
+) -> dict[str, int]:
+    """The oracle's ``n`` train episodes without limits through ``chat``: ``ConfigError`` on a
+    template / tool-parser mismatch, when it answers none, or when ``rollout``'s limits (and the
+    ``extra`` ``(key, value, need, what)`` ones) cannot hold them. Returns what they need."""
+    import numpy as np
+
+    from jaxrl_agents.rollout import Collector, RolloutConfig, ScriptedEngine
+    from jaxrl_agents.types import EndReason
+
     free = RolloutConfig(
         group_size=1,
         max_turns=64,
         max_new_tokens=1 << 16,
         max_total_tokens=1 << 22,
-        episode_timeout_s=cfg.rollout.episode_timeout_s,
+        episode_timeout_s=rollout.episode_timeout_s,
     )
-    import numpy as np
-
-    engine = ScriptedEngine(
-        system.chat, policy_factory=env.oracle(cfg.env.oracle, rng=np.random.default_rng(0))
+    engine = ScriptedEngine(chat, policy_factory=env.oracle(options, rng=np.random.default_rng(0)),
+                            check_round_trip=True)  # fmt: skip
+    orch = Collector(chat=chat, env_factory=env.factory, rollout=free).orchestrator(
+        engine, greedy=True, group_size=1
     )
-    collector = dataclasses.replace(system.collector, rollout=free, reward=None)
-    orch = collector.orchestrator(engine, greedy=True, group_size=1)
     trajs = await orch.run(env.tasks("train", n, seed=0), group_size=1, seed=0)
+    raise_mismatch(chat, engine)  # a template / parser mismatch, named as such
     done = [t for t in trajs if t.end_reason == EndReason.ANSWERED and t.turns]
     name = env.cls.__name__
     if not done:
         first = next((t.error for t in trajs if t.error), "") or ""
         raise ConfigError(
-            f"env.name={cfg.env.name}: {name}'s oracle answered none of {n} tasks without limits "
+            f"{env_key}: {name}'s oracle answered none of {n} tasks without limits "
             f"(ends: {sorted({t.end_reason.value for t in trajs})}) {first.splitlines()[:1]}"
         )
     need = {
@@ -387,21 +496,21 @@ async def check_oracle_fits(system: TrainSystem, *, n: int = 16) -> dict[str, in
         "turn_tokens": max(tt.end - tt.start for t in done for tt in t.turns),
         "total_tokens": max(len(t.token_ids) for t in done),
     }
-    r = cfg.rollout
     checks = [
-        ("rollout.max_turns", r.max_turns, need["turns"], "turns"),
-        ("rollout.max_new_tokens", r.max_new_tokens, need["turn_tokens"], "tokens in a turn"),
-        ("rollout.max_total_tokens", r.max_total_tokens, need["total_tokens"], "tokens in all"),
-        ("sampler.max_seq_len", cfg.sampler.max_seq_len, need["total_tokens"], "tokens in all"),
-        ("trainer.seq_buckets (largest)", max(seq_buckets(cfg)), need["total_tokens"] - 1,
-         "training positions"),
-    ]  # fmt: skip
-    for key, have, needed, what in checks:
+        ("rollout.max_turns", rollout.max_turns, "turns", "turns"),
+        ("rollout.max_new_tokens", rollout.max_new_tokens, "turn_tokens", "tokens in a turn"),
+        ("rollout.max_total_tokens", rollout.max_total_tokens, "total_tokens", "tokens in all"),
+        *extra,
+    ]
+    for key, have, what_need, what in checks:
+        needed = need[what_need]
         if have < needed:
+            shown = have - 1 if "seq_buckets" in key else have
             raise ConfigError(
-                f"{key}={have} cannot hold {name}'s oracle episodes: they need up to {needed} "
-                f"{what} (measured on {len(done)} train tasks with the policy's tokenizer); raise "
-                f"{key.split(' ')[0]} to at least {needed}"
+                f"{key}={shown} cannot hold {name}'s oracle episodes: they need up to "
+                f"{needed - ('seq_buckets' in key)} {what} (measured on {len(done)} train tasks "
+                f"with the policy's tokenizer); raise {key.split(' ')[0]} to at least "
+                f"{needed - ('seq_buckets' in key)}"
             )
     return need
 
@@ -409,14 +518,13 @@ async def check_oracle_fits(system: TrainSystem, *, n: int = 16) -> dict[str, in
 def build_train(cfg: RunConfig) -> TrainSystem:
     """Check ``cfg``, then build every component of the training job (nothing compiles here)."""
     from jaxrl_agents import distributed as D
-    from jaxrl_agents.chat import ChatFormat
     from jaxrl_agents.rollout import Collector
 
     env = resolve_env(cfg.env)
     check_run(cfg, env)
     mesh = _mesh(cfg)
-    tokenizer = build_tokenizer(cfg.model)
-    chat = ChatFormat(tokenizer)
+    chat = build_chat(cfg.chat, cfg.model.path)
+    tokenizer = chat.tokenizer
     model = build_policy(cfg, vocab_size=len(tokenizer), mesh=mesh)
     graphdef, _, rest = split_params(model)
     reward = build_reward(cfg.reward)

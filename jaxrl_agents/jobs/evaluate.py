@@ -22,8 +22,15 @@ from typing import Any
 
 from jaxrl_agents.evaluation.policies import PolicySpec, mark_best, safe_name, unique_names
 from jaxrl_agents.evaluation.summary import summarize
-from jaxrl_agents.jobs.build import EnvBinding, build_engine, build_reward, resolve_env
-from jaxrl_agents.jobs.config import EvalConfig
+from jaxrl_agents.jobs.build import (
+    EnvBinding,
+    build_chat,
+    build_engine,
+    build_reward,
+    check_oracle_limits,
+    resolve_env,
+)
+from jaxrl_agents.jobs.config import ChatSpec, EvalConfig
 from jaxrl_agents.jobs.restore import kept_steps, load_policy, load_run_config
 from jaxrl_agents.rewards import RewardConfig, TermConfig
 from jaxrl_agents.rollout import Collector
@@ -106,33 +113,58 @@ def _decoding(cfg: EvalConfig) -> str:
     return f"temperature {r.temperature}, top_p {r.top_p}, top_k {r.top_k}, min_p {r.min_p}"
 
 
-async def _evaluate_model(model: Any, tokenizer: Any, setup: Setup, cfg: EvalConfig):
-    from jaxrl_agents.chat import ChatFormat
-
-    chat = ChatFormat(tokenizer)
+async def _evaluate_model(model: Any, chat: Any, setup: Setup, cfg: EvalConfig):
     async with build_engine(model, cfg.sampler) as engine:
         return await _rollouts(engine, chat, setup, cfg)
 
 
+def overlay(base: ChatSpec, top: ChatSpec) -> ChatSpec:
+    """``base`` with every field ``top`` sets away from its default."""
+    default = ChatSpec()
+    changed = {f.name: getattr(top, f.name) for f in dataclasses.fields(ChatSpec)
+               if getattr(top, f.name) != getattr(default, f.name)}  # fmt: skip
+    return dataclasses.replace(base, **changed)
+
+
+def policy_chat(spec: PolicySpec, cfg: EvalConfig) -> Any:
+    """The chat format a policy is evaluated with (see ``EvalConfig.chat``)."""
+    if spec.kind == "run":
+        run_cfg = load_run_config(spec.path)
+        return build_chat(overlay(run_cfg.chat, cfg.chat), run_cfg.model.path)
+    if spec.kind == "hf":
+        return build_chat(cfg.chat, spec.path)
+    return build_chat(cfg.chat)
+
+
+def check_chat(chat: Any, setup: Setup, cfg: EvalConfig) -> None:
+    """Start-up check of a policy's chat format on the env's oracle (when it has one): a template
+    / tool-parser mismatch, or ``rollout`` / ``sampler`` limits that cannot hold the oracle's
+    episodes through this tokenizer, stop the evaluation in one line (instead of a report of
+    cut-off episodes)."""
+    try:
+        setup.env.oracle({})
+    except ValueError:
+        return
+    extra = [("sampler.max_seq_len", cfg.sampler.max_seq_len, "total_tokens", "tokens in all")]
+    asyncio.run(check_oracle_limits(chat, setup.env, {}, cfg.rollout, extra, n=8))
+
+
 def evaluate_policy(spec: PolicySpec, setup: Setup, cfg: EvalConfig) -> list[Trajectory]:
     """All ``tasks x samples`` trajectories of one policy (ordered by task, then sample)."""
+    if spec.kind not in ("run", "hf", "scripted"):
+        raise ValueError(f"policy kind {spec.kind!r}: expected run, hf or scripted")
+    chat = policy_chat(spec, cfg)
+    check_chat(chat, setup, cfg)
     if spec.kind == "scripted":
-        from jaxrl_agents.chat import ChatFormat, load_tiny_tokenizer
-
-        chat = ChatFormat(load_tiny_tokenizer())
         engine = ScriptedEngine(chat, policy_factory=scripted_factory(spec.path, setup.env.cls))
         return asyncio.run(_rollouts(engine, chat, setup, cfg))
     if spec.kind == "hf":
         from jaxrl_agents.models import load_pretrained
 
-        model, tokenizer = load_pretrained(spec.path, tokenizer=True)
-        if tokenizer is None:
-            raise ValueError(f"{spec.path} has no tokenizer files: cannot render the chat")
-    elif spec.kind == "run":
-        model, tokenizer, _, _ = _load_run(spec)
+        model, _ = load_pretrained(spec.path, tokenizer=False)
     else:
-        raise ValueError(f"policy kind {spec.kind!r}: expected run, hf or scripted")
-    return asyncio.run(_evaluate_model(model, tokenizer, setup, cfg))
+        model, _, _, _ = _load_run(spec)
+    return asyncio.run(_evaluate_model(model, chat, setup, cfg))
 
 
 def select_snapshot(
@@ -146,11 +178,11 @@ def select_snapshot(
     sft_step = load_run_config(run_dir).trainer.sft_steps
     spec = PolicySpec("run", str(run_dir), "step")
 
-    async def all_steps() -> dict[int, list[Trajectory]]:
-        from jaxrl_agents.chat import ChatFormat
+    chat = policy_chat(spec, cfg)
 
-        model, tokenizer, _, _ = _load_run(spec, steps[0])
-        chat, out = ChatFormat(tokenizer), {}
+    async def all_steps() -> dict[int, list[Trajectory]]:
+        model, _, _, _ = _load_run(spec, steps[0])
+        out: dict[int, list[Trajectory]] = {}
         async with build_engine(model, cfg.sampler) as engine:
             for i, step in enumerate(steps):
                 if i:  # same architecture: swap weights, no recompilation

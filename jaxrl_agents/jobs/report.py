@@ -79,9 +79,12 @@ def summary(run, export_dir, wall_s: float, state) -> dict[str, Any]:
         "sft_validation_success": stages.get("sft_validation", {}).get("success"),
         "rl_validation_success": stages.get("rl_validation", {}).get("success"),
         "best": best(run),
+        "sft_data": stages.get("sft_data"),
         "sft": sft,
         "rl": rl,
         "skipped_updates": int(D.host_value(state.skipped)),
+        # stages whose share of env_error / reward_error episodes passed trainer.error_warn_frac
+        "episode_errors": stages.get("episode_errors", []),
         "export_dir": str(export_dir) if export_dir else None,
         "wall_s": wall_s,
     }

@@ -48,7 +48,7 @@ def load_policy(
     if which not in ("latest", "best", "sft"):
         raise ValueError(f"which={which!r}: expected 'latest', 'best' or 'sft'")
     cfg = load_run_config(run_dir)
-    tokenizer = build_tokenizer(cfg.model)
+    tokenizer = build_tokenizer(cfg.chat, cfg.model.path)
     model = build_policy(cfg, vocab_size=len(tokenizer), mesh=mesh)
     graphdef, params, rest = split_params(model)
     template = init_train_state(params, cfg.optimizer.build())

@@ -43,14 +43,13 @@ from jaxrl_agents.jobs.build import (
     TrainSystem,
     build_train,
     check_oracle_fits,
-    generation_defaults,
 )
 from jaxrl_agents.jobs.config import JobAborted, RunConfig
 from jaxrl_agents.jobs.records import Keys, RunRecord, every
+from jaxrl_agents.jobs.sft_data import SftFile, load_for_run
 from jaxrl_agents.jobs.steps import StepSource
 from jaxrl_agents.rollout.scripted import ScriptedEngine
 from jaxrl_agents.training.checkpoint import Checkpointer
-from jaxrl_agents.training.critic import without_critic
 from jaxrl_agents.training.logprobs import SamplingTransform
 from jaxrl_agents.training.metrics import RunLogger
 from jaxrl_agents.training.objectives import sft_loss
@@ -132,6 +131,9 @@ class _Run:
         lines = (bad[0].error or "").strip().splitlines()
         first = lines[0][:300] if lines else "?"
         line = f"{where}: {len(bad)}/{len(trajs)} episodes ended in errors {kinds}; first: {first}"
+        # the summary lists every such step, not only the console (see report.summary)
+        entry = {"where": where, "episodes": len(trajs), **kinds, "first": first}
+        self.record.set("episode_errors", [*self.record.stages.get("episode_errors", []), entry])
         if frac > self.tr.error_abort_frac:
             raise JobAborted(f"{line} (more than trainer.error_abort_frac="
                              f"{self.tr.error_abort_frac})")  # fmt: skip
@@ -152,6 +154,7 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
     t_start = time.time()
     system = system if system is not None else build_train(cfg)
     needs = await check_oracle_fits(system)  # before anything is written or compiled
+    sft_file = load_for_run(cfg, system.chat)  # trainer.sft_data: every line checked, encoded
     run = _Run(cfg, system)
     tr = run.tr
     run.record.set("oracle_needs", needs)
@@ -165,7 +168,7 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
 
     async with system.engine(state.params) as engine:
         if stage == "sft":
-            state = await _sft(run, state, step)
+            state = await _sft(run, state, step, sft_file)
             engine.update_weights(system.sampler_view(state.params))
             summary, trajs = await run.evaluate(engine, version=tr.sft_steps)
             val, _ = await run.evaluate(engine, version=tr.sft_steps, split="validation")
@@ -194,14 +197,10 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
     run.ckpt.wait()
     run.logger.trajectories(tr.rl_steps, trajs, name="heldout_rl_final")
     export_dir = None
-    if tr.export and jax.process_index() == 0:
-        from jaxrl_agents.models import export_pretrained
+    if tr.export and jax.process_index() == 0:  # the same faithful export as jaxrl-export's
+        from jaxrl_agents.jobs.export import export_policy
 
-        export_dir = run.record.dir / "hf_export"
-        export_pretrained(
-            without_critic(final_model), export_dir, tokenizer=system.tokenizer,
-            generation=generation_defaults(cfg.rollout),
-        )  # fmt: skip
+        export_dir = export_policy(final_model, system.tokenizer, cfg, run.record.dir / "hf_export")
     run.record.set("rl_eval", final)
     run.record.save()
     summary = report.summary(run, export_dir, time.time() - t_start, state)
@@ -210,11 +209,47 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
     return summary
 
 
-async def _sft(run: _Run, state: TrainState, start: int) -> TrainState:
+async def _sft(
+    run: _Run, state: TrainState, start: int, sft_file: SftFile | None = None
+) -> TrainState:
     tr, system = run.tr, run.sys
     if start >= tr.sft_steps:
         return state
-    # Golden data: the env's oracle driven through the real rollout path (scripted engine).
+    # The pool: the oracle's golden episodes (trainer.sft_oracle), then the user's file
+    # (trainer.sft_data, checked and encoded at start-up), both through the same chat path.
+    oracle = await _oracle_rows(run) if tr.sft_oracle else []
+    file_rows = sft_file.rows if sft_file is not None else []
+    data = oracle + file_rows
+    _note_sft_data(run, len(oracle), sft_file)
+    if not data:
+        raise JobAborted("SFT golden data: no oracle episode ended with an answer")
+    step_fn = make_train_step(
+        system.graphdef, run.sft_tx, sft_loss(chunk=tr.logprob_chunk),
+        microbatches=tr.microbatches, rest=system.rest,
+    )  # fmt: skip
+    order = np.random.default_rng(run.keys.seed("sft_order")).permutation(len(data))
+    # Every process holds all golden data (scripted, or read from the file) and packs its share
+    # of each batch.
+    share = D.even_share(tr.sft_batch_size, "trainer.sft_batch_size")
+    bar = run.bar(start, tr.sft_steps, "SFT")
+    for s in bar:
+        idx = [order[(s * tr.sft_batch_size + j) % len(data)] for j in range(tr.sft_batch_size)]
+        batch = system.collector.sft_batch([data[i] for i in idx], share)
+        state, m = step_fn(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
+        if every(10, s + 1) or s + 1 == tr.sft_steps:
+            m = D.host_value(m)
+            run.logger.log(s + 1, m, stage="sft")
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(nll=f"{float(m['nll']):.3f}")
+        if every(tr.checkpoint_every * 5, s + 1) and s + 1 < tr.sft_steps:
+            run.checkpoint(s + 1, state, "sft", s + 1)
+    return state
+
+
+async def _oracle_rows(run: _Run) -> list[tuple[list[int], list[int]]]:
+    """Golden data: the env's oracle driven through the real rollout path (scripted engine);
+    the episodes that ended with an answer, as ``(ids, loss_mask)`` rows."""
+    tr, system = run.tr, run.sys
     rng = np.random.default_rng(run.keys.seed("sft_oracle"))
     oracle = system.env.oracle(run.cfg.env.oracle, rng=rng)
     engine = ScriptedEngine(system.chat, policy_factory=oracle)
@@ -230,28 +265,20 @@ async def _sft(run: _Run, state: TrainState, start: int) -> TrainState:
             f"ended without an answer ({', '.join(ends)}) and are left out",
             file=sys.stderr, flush=True,
         )  # fmt: skip
-    if not data:
-        raise JobAborted("SFT golden data: no oracle episode ended with an answer")
-    step_fn = make_train_step(
-        system.graphdef, run.sft_tx, sft_loss(chunk=tr.logprob_chunk),
-        microbatches=tr.microbatches, rest=system.rest,
-    )  # fmt: skip
-    order = np.random.default_rng(run.keys.seed("sft_order")).permutation(len(data))
-    # Every process holds all golden data (scripted, cheap) and packs its share of each batch.
-    share = D.even_share(tr.sft_batch_size, "trainer.sft_batch_size")
-    bar = run.bar(start, tr.sft_steps, "SFT")
-    for s in bar:
-        idx = [order[(s * tr.sft_batch_size + j) % len(data)] for j in range(tr.sft_batch_size)]
-        batch = system.collector.sft_batch([data[i] for i in idx], share)
-        state, m = step_fn(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
-        if every(10, s + 1) or s + 1 == tr.sft_steps:
-            m = D.host_value(m)
-            run.logger.log(s + 1, m, stage="sft")
-            if hasattr(bar, "set_postfix"):
-                bar.set_postfix(nll=f"{float(m['nll']):.3f}")
-        if every(tr.checkpoint_every * 5, s + 1) and s + 1 < tr.sft_steps:
-            run.checkpoint(s + 1, state, "sft", s + 1)
-    return state
+    return data
+
+
+def _note_sft_data(run: _Run, oracle_rows: int, sft_file: SftFile | None) -> None:
+    """Record (``stages.json``'s ``sft_data``) and print how many SFT rows came from where."""
+    rows = oracle_rows + (len(sft_file.rows) if sft_file is not None else 0)
+    note: dict[str, Any] = {"rows": rows, "oracle_rows": oracle_rows, "file_rows": 0}
+    parts = [f"{oracle_rows} oracle episodes"] if run.tr.sft_oracle else []
+    if sft_file is not None:
+        note.update(file_rows=len(sft_file.rows), file=sft_file.record())
+        parts.append(f"{len(sft_file.rows)} conversations from {sft_file.path}")
+    run.record.set("sft_data", note)
+    run.record.save()
+    print(f"SFT data: {rows} rows = {' + '.join(parts)}", flush=True)
 
 
 def _reference(run: _Run, state: TrainState, start: int) -> Any:

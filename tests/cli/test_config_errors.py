@@ -22,6 +22,11 @@ TRAIN = [
     (["env.tool_timeout=5"], ["'env.tool_timeout'", "tool_timeout_s"]),
     (["env.tool_timeout_s=-1"], ["env.tool_timeout_s", "> 0"]),
     (["env.name=nope"], ["env.name", "calculator"]),
+    (["chat.tokenzer=x"], ["'chat.tokenzer'", "tokenizer"]),
+    (["chat.tool_parser=xml"], ["chat.tool_parser=xml", "auto, hermes, llama3_json"]),
+    (["chat.template=nope"], ["chat.template=nope", "qwen2.5, tiny", "file or folder"]),
+    (["chat.tokenizer=/nonexistent"], ["chat.tokenizer=/nonexistent", "not a folder"]),
+    (["chat.thinking=false"], ["chat.thinking", "no enable_thinking switch"]),
     (["+env.options.bogus=1"], ["env.options", "bogus"]),
     (["+env.tasks.bogus=1"], ["env.tasks.bogus", "two_step_frac"]),
     (["reward.termz=[]"], ["'reward.termz'", "terms"]),
@@ -57,8 +62,10 @@ TRAIN = [
     (["seed=zero"], ["'seed'", "zero"]),
     (["trainer.microbatches=3"], ["trainer.microbatches=3", "divide"]),
     (["trainer.tasks_per_step=0"], ["trainer.tasks_per_step", ">= 1"]),
-    (["trainer.seq_buckets=[16]", "trainer.logprob_chunk=16"],
-     ["trainer.seq_buckets (largest)=16", "at least"]),
+    (
+        ["trainer.seq_buckets=[16]", "trainer.logprob_chunk=16"],
+        ["trainer.seq_buckets (largest)=16", "at least"],
+    ),
     (["sampler.max_seq_len=16"], ["rollout.max_total_tokens=384", "sampler.max_seq_len=16"]),
 ]
 EVAL = [
@@ -70,6 +77,7 @@ EVAL = [
 EXPORT = [
     (["whch=best"], ["'whch'", "which"]),
     (["which=worst"], ["which", "latest, best or sft"]),
+    (["dtype=int8"], ["dtype", "'int8'", "bfloat16, float32 or float16"]),
 ]
 
 

@@ -75,7 +75,7 @@ def tiny_run(tmp_path_factory):
                             "trainer": {"sft_steps": 4}})  # fmt: skip
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
-    tok = B.build_tokenizer(cfg.model)
+    tok = B.build_tokenizer(cfg.chat, cfg.model.path)
     ckpt = Checkpointer(
         run / "checkpoints", keep=2, async_save=False, best_metric="heldout_success"
     )

@@ -42,7 +42,9 @@ def smoke_job(group: str, name: str, tmp_path, monkeypatch) -> None:
         for key in ("loss", "grad_norm", "reward"):
             assert math.isfinite(r[key]), (key, r)
     cfg = load_run_config(run)
-    fresh = build_model(cfg.model, vocab_size=len(build_tokenizer(cfg.model)), seed=cfg.seed)
+    fresh = build_model(
+        cfg.model, vocab_size=len(build_tokenizer(cfg.chat, cfg.model.path)), seed=cfg.seed
+    )
     trained, _, _ = load_policy(run)
     a = nnx.to_flat_state(nnx.state(fresh, nnx.Param))
     b = dict(nnx.to_flat_state(nnx.state(trained, nnx.Param)))
