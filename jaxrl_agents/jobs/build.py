@@ -196,14 +196,16 @@ def build_model(spec: ModelSpec, *, vocab_size: int, mesh=None, seed: int = 0):
 
     if spec.path is not None:
         model, _ = load_pretrained(
-            spec.path, mesh=mesh, dtype=spec.dtype, param_dtype=spec.param_dtype, tokenizer=False
-        )
+            spec.path, mesh=mesh, dtype=spec.dtype, param_dtype=spec.param_dtype,
+            tokenizer=False, remat=spec.remat, attention=spec.attention,
+        )  # fmt: skip
         return model
     if not spec.init:
         raise ConfigError("model.path is null and model.init is empty: give one of them")
     cfg = ModelConfig.from_hf_config({"vocab_size": vocab_size, **spec.init})
     names = {f.name for f in dataclasses.fields(cfg)}
-    kw = {"dtype": spec.dtype, "param_dtype": spec.param_dtype, "remat": spec.remat}
+    kw = {"dtype": spec.dtype, "param_dtype": spec.param_dtype, "remat": spec.remat,
+          "attention": spec.attention}  # fmt: skip
     cfg = dataclasses.replace(cfg, **{k: v for k, v in kw.items() if k in names})
     model = Transformer(cfg, rngs=nnx.Rngs(seed))
     return shard_model(model, mesh) if mesh is not None else model

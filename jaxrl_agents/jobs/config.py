@@ -49,11 +49,16 @@ class ModelSpec:
     """Parameter (master weight) dtype."""
     remat: bool = False
     """Rematerialise each decoder layer in the backward pass."""
+    attention: str = "auto"
+    """Multi-query attention (training, prefill): reference | fused | auto (fused on GPU:
+    cuDNN flash attention, no materialised scores); see ``ModelConfig.attention``."""
 
     def __post_init__(self) -> None:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in ("float32", "bfloat16"):
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected float32 or bfloat16")
+        if self.attention not in ("auto", "reference", "fused"):
+            raise ValueError(f"attention={self.attention!r}: expected auto, reference or fused")
 
 
 @dataclasses.dataclass

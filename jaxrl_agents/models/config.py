@@ -25,6 +25,9 @@ _ARCHITECTURES = {
 }
 
 
+ATTENTION_IMPLS = ("auto", "reference", "fused")
+
+
 class ModelConfigError(ValueError):
     """A config the decoder cannot represent (unknown model_type, rope type, dtype, ...)."""
 
@@ -93,8 +96,18 @@ class ModelConfig:
     """Storage dtype of the parameters (``float32`` or ``bfloat16``)."""
     remat: bool = False
     """Rematerialise each decoder block in the backward pass (saves activation memory)."""
+    attention: str = "auto"
+    """Attention over a call's own tokens and prefill (more than one query per row):
+    ``reference`` (einsums with a materialised float32 score tensor: the checked path), ``fused``
+    (``jax.nn.dot_product_attention``: cuDNN flash attention on GPU, no score tensor kept for the
+    backward pass; its XLA lowering elsewhere) or ``auto`` (fused on GPU, reference otherwise).
+    One-query decode steps always use the reference path."""
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_IMPLS:
+            raise ModelConfigError(
+                f"attention={self.attention!r}; supported: {', '.join(ATTENTION_IMPLS)}"
+            )
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelConfigError(
                 f"unsupported model_type {self.model_type!r}; supported: "

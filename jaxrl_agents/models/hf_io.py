@@ -199,6 +199,7 @@ def load_pretrained(
     param_dtype: str = "float32",
     tokenizer: bool = True,
     remat: bool = False,
+    attention: str = "auto",
 ) -> tuple[Transformer, Any]:
     """Load a local HF folder -> (Transformer placed on ``mesh`` or the default device, tokenizer).
 
@@ -209,7 +210,9 @@ def load_pretrained(
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder} is not a Hugging Face model folder (no config.json)")
     hf_cfg = json.loads((folder / "config.json").read_text())
-    cfg = ModelConfig.from_hf_config(hf_cfg, dtype=dtype, param_dtype=param_dtype, remat=remat)
+    cfg = ModelConfig.from_hf_config(
+        hf_cfg, dtype=dtype, param_dtype=param_dtype, remat=remat, attention=attention
+    )
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     reader = _Reader(folder)
