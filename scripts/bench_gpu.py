@@ -163,6 +163,7 @@ def decode_bench(
     dtype: str = "bfloat16",
     unroll: bool | None = None,
     with_hf: bool = True,
+    decode_attention: str = "reference",
 ) -> None:
     import numpy as np
     import torch
@@ -172,6 +173,7 @@ def decode_bench(
     shape = SHAPES[name]
     with tempfile.TemporaryDirectory() as d:
         hf, ours = _pair(shape, d, dtype)
+        ours.cfg = ours.cfg.replace(decode_attention=decode_attention)
         params = sum(p.numel() for p in hf.parameters())
         itemsize = 2 if dtype == "bfloat16" else 4
         for b in batches:
@@ -216,6 +218,8 @@ def decode_bench(
                     first_call_s=first_s,
                     compiles=engine.compile_count,
                     unrolled=engine.unrolled,
+                    decode_attention=decode_attention,
+                    xla_flags=os.environ.get("XLA_FLAGS", ""),
                     repeats=repeats,
                     **hf_stats,
                     jax_peak_bytes=_peak_device_bytes(),
@@ -344,6 +348,12 @@ def main() -> None:
         default="auto",
         help="EngineConfig.unroll_layers for the decode rows (both: one row each)",
     )
+    ap.add_argument(
+        "--decode-attention",
+        choices=["reference", "pallas", "both"],
+        default="reference",
+        help="ModelConfig.decode_attention of the decode rows (both: one row each)",
+    )
     ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), help="decode models")
     ap.add_argument("--batches", type=int, nargs="+", help="decode batch sizes (default 1 64 256)")
     ap.add_argument("--skip-hf", action="store_true", help="decode rows without transformers")
@@ -403,18 +413,22 @@ def main() -> None:
     batches = args.batches or ([1, 64] if args.quick else [1, 64, 256])
     if "decode" in sections:
         unrolls = {"auto": [None], "true": [True], "false": [False], "both": [False, True]}
+        kernels = ["reference", "pallas"] if args.decode_attention == "both" else [
+            args.decode_attention]  # fmt: skip
         for name in names:
             for unroll in unrolls[args.unroll]:
-                decode_bench(
-                    res,
-                    name,
-                    batches,
-                    prompt=args.prompt,
-                    new=args.new,
-                    repeats=args.repeats,
-                    unroll=unroll,
-                    with_hf=not args.skip_hf,
-                )
+                for kernel in kernels:
+                    decode_bench(
+                        res,
+                        name,
+                        batches,
+                        prompt=args.prompt,
+                        new=args.new,
+                        repeats=args.repeats,
+                        unroll=unroll,
+                        with_hf=not args.skip_hf,
+                        decode_attention=kernel,
+                    )
     if "train" in sections:
         # 16k tokens per step; sequence-length scaling on the 0.5B shape
         plan = [("0.5b", 1024)] if args.quick else [("0.5b", 512), ("0.5b", 2048), ("1.5b", 1024)]

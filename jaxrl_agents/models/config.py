@@ -101,9 +101,17 @@ class ModelConfig:
     ``reference`` (einsums with a materialised float32 score tensor: the checked path), ``fused``
     (``jax.nn.dot_product_attention``: cuDNN flash attention on GPU, no score tensor kept for the
     backward pass; its XLA lowering elsewhere) or ``auto`` (fused on GPU, reference otherwise).
-    One-query decode steps always use the reference path."""
+    One-query decode steps use ``decode_attention``."""
+    decode_attention: str = "reference"
+    """One-query decode steps over the KV cache: ``reference`` (masked einsums over the attention
+    window) or ``pallas`` (``models.decode_attention``: a ragged kernel that reads only each
+    row's visible positions; Triton on GPU, interpret mode elsewhere — for tests, slow)."""
 
     def __post_init__(self) -> None:
+        if self.decode_attention not in ("reference", "pallas"):
+            raise ModelConfigError(
+                f"decode_attention={self.decode_attention!r}; supported: reference, pallas"
+            )
         if self.attention not in ATTENTION_IMPLS:
             raise ModelConfigError(
                 f"attention={self.attention!r}; supported: {', '.join(ATTENTION_IMPLS)}"

@@ -21,7 +21,9 @@ Implementation choices (and where this deviates from a literal port):
   ``jax.nn.dot_product_attention`` with the same boolean mask (segments, causality, cache
   lengths): cuDNN's flash attention on GPU, which never materialises the scores, and its XLA
   lowering on CPU, where tests check it equals the reference path. ``auto`` (default) is fused
-  on GPU only. One-query decode steps keep the reference path (a separate decode kernel).
+  on GPU only. One-query decode steps use ``cfg.decode_attention``: the reference einsums, or a
+  ragged Pallas kernel that reads only each row's visible cache positions
+  (``models/decode_attention.py``).
 - KV cache: ``[L B K S Dh]`` buffers carried through the layer scan and updated in place with a
   scatter at ``lengths[b] + t``; padding tokens and writes past ``max_len`` are dropped (callers
   must size ``max_len`` for prompt + generation).
@@ -263,7 +265,12 @@ def _block(cfg: ModelConfig, p: dict, x: Array, positions, inv_freq, mask, write
     else:
         k_ctx, v_ctx, new = write(k, v)
         k_ctx, v_ctx = k_ctx.astype(dt), v_ctx.astype(dt)
-    if impl is None:
+    if q.shape[1] == 1 and write is not None and cfg.decode_attention == "pallas":
+        from jaxrl_agents.models.decode_attention import ragged_decode_attention
+
+        visible = jnp.sum(mask[:, 0], axis=-1).astype(jnp.int32)  # lengths + 1 (this token)
+        attn = ragged_decode_attention(q[:, 0], k_ctx, v_ctx, visible, k_t=k_t)[:, None]
+    elif impl is None:
         attn = _attend(q, k_ctx, v_ctx, mask, k_t=k_t)
     else:
         attn = _attend_fused(q, k_ctx, v_ctx, mask, impl, k_t=k_t)
