@@ -350,16 +350,25 @@ def _msg(k: int, name: str, arguments: dict[str, Any]) -> Message:
     return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
-def oracle_policy(task: Task, *, cite: bool = True) -> Callable[[list[Message]], Message]:
+def oracle_policy(
+    task: Task, *, cite: bool = True, premature_prob: float = 0.0, rng: Any = None
+) -> Callable[[list[Message]], Message]:
     """Scripted solver: for each hop, search the entity's name, pick its document from the results
-    by title, open it; then answer with citations (``cite=False``: the same answer, uncited)."""
+    by title, open it; then answer with citations (``cite=False``: the same answer, uncited).
+
+    ``premature_prob`` (drawn once per episode from ``rng``): an annotator who skips the
+    cross-check — after opening the first hop's document it answers at once, citing only that
+    document (it knows the answer; the evidence for it is not in yet). Such golden data teaches
+    an answer given before the evidence is in (``premature`` in the failure taxonomy; the verdict
+    fails on the missing citation, and a policy that imitates it must guess)."""
     chain = task.data["chain"]
+    early = premature_prob > 0 and len(chain) > 1 and _draw(rng) < premature_prob
 
     def policy(messages: list[Message]) -> Message:
         tool_msgs = [m["content"] for m in messages if m["role"] == "tool"]
         k = len(tool_msgs)
         hop, phase = divmod(k, 2)
-        if hop < len(chain):
+        if hop < (1 if early else len(chain)):
             if phase == 0:
                 return _msg(k, "search", {"query": chain[hop], "k": 5})
             titles = dict(re.findall(r"^\[(d\d{3})\] ([^:]+):", tool_msgs[-1], flags=re.M))
@@ -370,6 +379,10 @@ def oracle_policy(task: Task, *, cite: bool = True) -> Callable[[list[Message]],
         return {"role": "assistant", "content": f"{task.data['answer']} {refs}".strip()}
 
     return policy
+
+
+def _draw(rng: Any) -> float:
+    return float(rng.random()) if rng is not None else random.random()
 
 
 def wrong_policy(task: Task) -> Callable[[list[Message]], Message]:

@@ -632,9 +632,19 @@ def _call(k: int, fn_name: str, **arguments: Any) -> dict[str, Any]:
     return {"id": f"call_{k}", "type": "function", "function": function}
 
 
-def oracle_policy(task: Task) -> Callable[[list[Message]], Message]:
-    """Scripted solver: list tables, describe them, run the reference SQL, answer its first cell."""
+def oracle_policy(
+    task: Task, *, premature_prob: float = 0.0, rng: Any = None
+) -> Callable[[list[Message]], Message]:
+    """Scripted solver: list tables, describe them, run the reference SQL, answer its first cell.
+
+    ``premature_prob`` (drawn once per episode from ``rng``): an annotator who answers before the
+    evidence is in — after describing the tables it writes the (right) answer without running
+    the query. Such golden data teaches answering without the query (``premature`` in the failure
+    taxonomy); a policy that imitates it must guess the number."""
     tables = [t for t in ("customers", "orders", "products") if t in task.data["sql"]]
+    early = premature_prob > 0 and (rng.random() if rng is not None else random.random()) < (
+        premature_prob
+    )
 
     def policy(messages: list[Message]) -> Message:
         tool_msgs = [m for m in messages if m["role"] == "tool"]
@@ -644,9 +654,11 @@ def oracle_policy(task: Task) -> Callable[[list[Message]], Message]:
         if n_turns == 1:
             calls = [_call(i + 1, "describe_table", name=t) for i, t in enumerate(tables)]
             return {"role": "assistant", "content": "", "tool_calls": calls}
-        if n_turns == 2:
+        if n_turns == 2 and not early:
             call = _call(len(tool_msgs), "run_sql", query=task.data["sql"])
             return {"role": "assistant", "content": "", "tool_calls": [call]}
+        if early:
+            return {"role": "assistant", "content": str(task.data["answer"])}
         first_row = tool_msgs[-1]["content"].splitlines()[1]
         return {"role": "assistant", "content": first_row.split(" | ")[0]}
 

@@ -438,14 +438,25 @@ def _policy(
     return policy
 
 
-def oracle_policy(task: Task) -> Callable[[list[Message]], Message]:
+def oracle_policy(
+    task: Task, *, slip_prob: float = 0.0, rng: Any = None
+) -> Callable[[list[Message]], Message]:
     """Scripted solver: search all three in one turn, book the cheapest valid options, check the
-    itinerary, then confirm the booking ids."""
+    itinerary, then confirm the booking ids.
+
+    ``slip_prob`` (drawn once per episode from ``rng``): an annotator whose constraints loosen
+    turn by turn — it searches correctly, but when booking (its second turn) it lets the
+    minimum-stars requirement slip and books the cheapest hotel below it (when there is one).
+    Such golden data teaches constraint drift (``Ann.CONSTRAINT_VIOLATIONS`` after the booking
+    turn; the verdict fails)."""
     min_stars = task.data["min_stars"]
+    slip = slip_prob > 0 and (rng.random() if rng is not None else random.random()) < slip_prob
 
     def choose(lines: list[str], hotel: bool) -> str:
         if hotel:
-            lines = [l for l in lines if int(re.search(r" (\d)\* ", l).group(1)) >= min_stars]
+            ok = [l for l in lines if int(re.search(r" (\d)\* ", l).group(1)) >= min_stars]
+            # slipping: the cheapest hotel under the stars requirement, when there is one
+            lines = ([l for l in lines if l not in ok] or lines) if slip else ok
         return min(lines, key=lambda l: int(re.search(r"\$(\d+)", l).group(1))).split()[0]
 
     return _policy(task, choose)

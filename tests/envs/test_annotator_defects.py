@@ -1,0 +1,52 @@
+"""The multi-step envs' annotator defects (the experiments' SFT data): each oracle option injects
+the sequence-level failure it names, at about its rate, and the failure taxonomy sees it; at
+rate 0 the oracle is unchanged and solves everything."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from jaxrl_agents.evaluation.summary import summarize
+from jaxrl_agents.jobs.build import build_chat, resolve_env
+from jaxrl_agents.jobs.config import ChatSpec, EnvSpec
+from jaxrl_agents.rollout import Collector, RolloutConfig, ScriptedEngine
+
+FREE = RolloutConfig(group_size=1, max_turns=24, max_new_tokens=4096, max_total_tokens=1 << 16)
+CASES = [  # env, option, failure mode it injects, success of the defective episodes
+    ("research", "premature_prob", "premature", False),  # answers before the 2nd document
+    ("sql", "premature_prob", "premature", True),  # right number, but no query was run
+    ("travel", "slip_prob", "constraint_drift", None),  # the stars constraint slips at booking
+]
+
+
+def run(env_name: str, options: dict, n: int = 60):
+    env = resolve_env(EnvSpec(name=env_name))
+    chat = build_chat(ChatSpec())
+    engine = ScriptedEngine(chat, policy_factory=env.oracle(options, rng=np.random.default_rng(0)))
+    orch = Collector(chat=chat, env_factory=env.factory, rollout=FREE).orchestrator(
+        engine, greedy=True, group_size=1
+    )
+    return asyncio.run(orch.run(env.tasks("train", n, seed=0), group_size=1))
+
+
+@pytest.mark.parametrize("env_name, option, mode, defect_succeeds", CASES)
+def test_defect_injects_its_failure_mode(env_name, option, mode, defect_succeeds):
+    clean = summarize(run(env_name, {option: 0.0}))
+    assert clean["success"] == 1.0 and clean["failure_modes"][mode] == 0
+    trajs = run(env_name, {option: 0.5})
+    s = summarize(trajs)
+    hit = [t for t in trajs if mode in _modes(t)]
+    assert 0.2 * len(trajs) <= len(hit) <= 0.7 * len(trajs), (len(hit), s["failure_modes"])
+    if defect_succeeds is not None:
+        assert all(t.success == defect_succeeds for t in hit)
+    else:  # a slipped constraint fails unless the cheapest hotel happened to qualify
+        assert not any(t.success for t in hit)
+
+
+def _modes(traj) -> set[str]:
+    from jaxrl_agents.evaluation.summary import failure_modes
+
+    return {k for k, v in failure_modes(traj).items() if v}
