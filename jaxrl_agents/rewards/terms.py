@@ -176,3 +176,24 @@ def progress(
         out.append(v)
         prev = p
     return out
+
+
+@register_reward_term("partial_credit")
+def partial_credit(
+    traj: Trajectory, *, per_valid_call: float = 0.1, per_hit: float = 0.2
+) -> list[float]:
+    """Dense partial rewards (the shaping the articles warn about, for the reward-design
+    experiment): ``per_valid_call`` for every call that ran without an error, and ``per_hit`` for
+    every required step (a retrieval hit: an evidence document opened, a needed table read, ...)
+    newly completed in the turn. The hits read env annotations (``Ann.PROGRESS``, the fraction of
+    the verdict's ``required_steps`` done), i.e. privileged knowledge of what the task needs; the
+    valid-call credit needs none and pays for tool spam."""
+    n_req = len((traj.verdict.info if traj.verdict else {}).get(Ann.REQUIRED_STEPS, []) or [])
+    out, prev = [], 0.0
+    for t in traj.turns:
+        ok = sum(1 for r in t.tool_results if getattr(r, "ok", False))
+        p = float(t.annotations.get(Ann.PROGRESS, prev))
+        hits = round((p - prev) * n_req) if n_req else 0
+        out.append(per_valid_call * ok + per_hit * max(hits, 0))
+        prev = p
+    return out
