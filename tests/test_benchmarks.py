@@ -26,12 +26,30 @@ def _run(script: str, *args: str, timeout: int = 300) -> dict:
 
 
 def test_bench_rollout_fields():
-    out = _run("bench_rollout.py", "--episodes", "8", "--turns", "2", "--quick")
+    out = _run(
+        "bench_rollout.py", "--workload", "latency", "--episodes", "8", "--turns", "2", "--quick"
+    )
     for key in ("wall_s_latency0", "wall_s_latency100", "extra_s", "bound_s", "compiles"):
         assert key in out, key
     assert out["wall_s_latency100"] > out["wall_s_latency0"] > 0
     # 8 episodes x 2 turns x 100 ms: overlapped, far below the 1.6 s a sequential loop would add
     assert out["extra_s"] < out["sequential_s"]
+
+
+def test_bench_rollout_group_and_arrival_fields():
+    out = _run("bench_rollout.py", "--workload", "group,arrival", "--quick")
+    for key in ("group_shared_s", "group_unshared_s", "group_ratio", "gap_chunked_s"):
+        assert key in out, key
+    assert out["group_shared_forks"] > 0 and out["group_unshared_forks"] == 0
+    assert out["group_shared_shared_tokens"] > 0
+    total = out["group_shared_prefill_tokens"] + out["group_shared_shared_tokens"]
+    assert total == out["group_unshared_prefill_tokens"]
+    assert (
+        out["group_shared_compiles_after_warmup"]
+        == 0
+        == out["group_unshared_compiles_after_warmup"]
+    )
+    assert out["gap_unchunked_s"] > 0 and out["gap_chunked_s"] > 0
 
 
 def test_bench_train_fields():

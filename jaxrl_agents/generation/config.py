@@ -1,7 +1,8 @@
 """Configuration records of the sampler engine: what to sample (per request) and how to batch.
 
 ``SamplingParams`` travels with every ``Session.generate`` call; ``EngineConfig`` fixes the shapes
-that are compiled once (slots, per-slot cache length, prefill buckets, decode chunk). Both validate
+that are compiled once (slots, per-slot cache length, prefill buckets, decode chunk) and the
+scheduling policy (prefix sharing, chunked prefill). Both validate
 eagerly so a typo fails at construction, not at trace time.
 """
 
@@ -95,8 +96,9 @@ class GenerationResult:
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """Compiled shapes of the engine: one prefill program per bucket, one decode program per
-    window (+ the full cache); ``Engine.compile_count`` stays within that bound."""
+    """Compiled shapes of the engine: one prefill program per (length, row) bucket, one decode
+    program per window (+ the full cache), one fork program with ``share_prefixes``;
+    ``Engine.compile_count`` stays within that bound."""
 
     max_slots: int = 8
     """Concurrent sessions (rows of the KV cache); a session holds its slot until closed."""
@@ -109,7 +111,11 @@ class EngineConfig:
     decode_windows: tuple[int, ...] | None = None
     """Attention-window buckets of the decode program (one program each, plus the full cache):
     a chunk attends over the smallest window holding every active row's context + the chunk.
-    None: 128, 192, 256, 384, 512, 768, ... below max_seq_len; (): always the full cache."""
+    None: 128, 192, 256, 384, 512, 768, ... up to the largest worth its copy: a windowed chunk
+    copies the window out of the cache and back (~4 steps' worth of reading it), so a window
+    ``w`` is kept only while ``decode_chunk * (max_seq_len - w) > 4 * w`` (the reads it saves
+    exceed the copy; 768 of an 832-token cache costs more than the full cache). (): always the
+    full cache."""
     max_stop_ids: int = 8
     """Capacity of the per-slot stop-id table (a compiled shape)."""
     max_stop_sequences: int = 4
@@ -128,6 +134,19 @@ class EngineConfig:
     per-layer KV buffers, instead of the model's layer scan over stacked arrays. Faster decode on
     XLA:CPU (no per-step copies out of the stacked arrays) at the price of that weight copy and a
     longer compile. None: on when the default backend is the CPU."""
+    share_prefixes: bool = True
+    """A new session whose prompt starts with a prompt prefix another live session's slot already
+    holds (the G samples of one task; a shared system prompt) gets those positions copied by one
+    fork program instead of prefilling them again (``Engine`` docstring). Same tokens and
+    logprobs as without; False: every prompt is prefilled in full."""
+    share_min_tokens: int = 16
+    """Shortest common prefix worth forking (shorter ones are prefilled with the rest)."""
+    prefill_chunk_tokens: int | None = 512
+    """Chunked prefill: while sessions are decoding, a scheduler iteration prefills at most this
+    many tokens of any one request, so a longer input is prefilled in pieces between decode
+    chunks (it joins decoding after its last piece) and running sessions stall for one piece,
+    not the whole prompt. Shorter inputs are not held back; with nothing decoding everything
+    waiting is prefilled at once. None: always whole inputs."""
 
     def __post_init__(self) -> None:
         if self.max_slots < 1:
@@ -141,7 +160,7 @@ class EngineConfig:
         if self.decode_windows is None:
             # 128, 192, 256, 384, 512, 768, ...: a step reads at most 1.5x the cache it needs.
             wins, w = [], 128
-            while w < self.max_seq_len:
+            while self.decode_chunk * (self.max_seq_len - w) > 4 * w:
                 wins.append(w)
                 w = w * 3 // 2 if w & (w - 1) == 0 else w * 4 // 3
         else:
@@ -167,6 +186,12 @@ class EngineConfig:
             raise ValueError(
                 f"max_stop_sequences={self.max_stop_sequences} and max_stop_sequence_len="
                 f"{self.max_stop_sequence_len} must be >= 1"
+            )
+        if self.share_min_tokens < 1:
+            raise ValueError(f"share_min_tokens={self.share_min_tokens} must be >= 1")
+        if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
+            raise ValueError(
+                f"prefill_chunk_tokens={self.prefill_chunk_tokens} must be >= 1 (None: no limit)"
             )
         if self.max_stop_ids < 1:
             raise ValueError(f"max_stop_ids={self.max_stop_ids} must be >= 1")

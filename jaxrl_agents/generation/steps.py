@@ -1,11 +1,12 @@
-"""The engine's two jitted programs: bucketed prefill and a multi-token decode loop.
+"""The engine's jitted programs: bucketed prefill, a multi-token decode loop, a prefix fork.
 
-Both take the model's parameters as ONE pytree argument, so dispatch cost does not grow with depth,
-and both donate the KV cache so its buffers are reused in place. The forward itself is passed in:
-``Transformer.hidden_states`` over ``nnx.split``'s state (stacked layers under a scan, the cache
-``[L B K S Dh]``), or ``models.decoder.forward_unrolled`` over ``decode_weights`` (layers unrolled,
-one ``[B K S Dh]`` buffer per layer; see ``EngineConfig.unroll_layers``). Host-side bookkeeping
-(which slot holds what) lives in ``engine.py``; these functions only see fixed-shape arrays:
+Prefill and decode take the model's parameters as ONE pytree argument, so dispatch cost does not
+grow with depth; all three donate the KV cache so its buffers are reused in place. The forward
+itself is passed in: ``Transformer.hidden_states`` over ``nnx.split``'s state (stacked layers
+under a scan, the cache ``[L B K S Dh]``), or ``models.decoder.forward_unrolled`` over
+``decode_weights`` (layers unrolled, one ``[B K S Dh]`` buffer per layer; see
+``EngineConfig.unroll_layers``). Host-side bookkeeping (which slot holds what) lives in
+``engine.py``; these functions only see fixed-shape arrays:
 
 - ``prefill(state, cache, tokens Int['R T'], n_valid Int['R'], lengths Int['R'], rows) -> cache``
   writes ``tokens[r, :n_valid[r]]`` at ``lengths[r]...`` of cache row ``rows[r]`` (``rows`` None:
@@ -18,6 +19,10 @@ one ``[B K S Dh]`` buffer per layer; see ``EngineConfig.unroll_layers``). Host-s
   on ``max_new`` or when the slot's context is full; exit early when no row is active. It is
   compiled per attention *window* (a bucket of the longest active context), so short contexts in
   a long cache do not pay for reading all of it at every step.
+- ``fork(cache, src Int['P'], dst Int['P'], n Int['P'], count) -> cache`` copies cache positions
+  ``[0, n[i])`` of row ``src[i]`` into row ``dst[i]`` for ``i < count`` (a prompt prefix shared by
+  sessions: see ``engine.py``). Fixed shapes (``P`` = slots), so it compiles once; the copy runs
+  in blocks of positions and costs O(sum n), not O(count * max_seq_len).
 
 Host-authoritative lengths: the caller passes ``lengths`` in every call (the cache's own field is
 overwritten), so resetting a slot for a new session costs nothing on device.
@@ -35,7 +40,7 @@ from flax import nnx
 from jax import lax
 
 from jaxrl_agents.generation.sampling import SlotSampling, sample
-from jaxrl_agents.models.decoder import cache_seq_axes
+from jaxrl_agents.models.decoder import cache_axes, cache_seq_axes
 
 Array = jax.Array
 
@@ -221,3 +226,91 @@ def make_decode(
         return cache, out
 
     return decode
+
+
+def make_fork(
+    *, block: int = 64, on_trace: Callable[[], None], cache_constraint: Any = None
+) -> Callable:
+    """The prefix-fork program (not yet jitted; donate the cache): see the module docstring.
+
+    Pair ``i`` copies ``ceil(n[i] / block)`` blocks of ``block`` positions (a block that would
+    run past the end is clamped back, identically for source and destination): positions at and
+    past ``n[i]`` of the destination may be overwritten too, so a destination row must hold
+    nothing valid there (the engine forks only into rows of new sessions, before their prefill).
+    ``cache_constraint`` (the cache's ``NamedSharding``s): when it shards the slots, the copy runs
+    under ``shard_map`` — each block comes from the source row's shard by one ``psum`` of the
+    block — rather than letting the partitioner gather the whole cache for a dynamic row index.
+    """
+
+    def fork(cache, src: Array, dst: Array, n: Array, count: Array):
+        on_trace()
+        k_axes, v_axes = cache_axes(cache)
+        ks, k_def = jax.tree.flatten(cache.k)
+        vs, v_def = jax.tree.flatten(cache.v)
+        axes = [k_axes] * len(ks) + [v_axes] * len(vs)
+        bufs = tuple(ks) + tuple(vs)
+        slot_axes = None
+        if cache_constraint is not None:
+            shardings = jax.tree.leaves(cache_constraint.k) + jax.tree.leaves(cache_constraint.v)
+            specs = tuple(sh.spec for sh in shardings)
+            b_ax = k_axes.index("batch")
+            slot_axes = specs[0][b_ax] if len(specs[0]) > b_ax else None
+        if slot_axes is None:
+            bufs = _copy_prefixes(bufs, axes, src, dst, n, count, block, None)
+        else:
+            P = jax.sharding.PartitionSpec
+            bufs = jax.shard_map(
+                lambda b, *a: _copy_prefixes(b, axes, *a, block, slot_axes),
+                mesh=shardings[0].mesh,
+                in_specs=(specs, P(), P(), P(), P()),
+                out_specs=specs,
+                check_vma=False,
+            )(bufs, src, dst, n, count)
+        cache = cache._replace(
+            k=jax.tree.unflatten(k_def, bufs[: len(ks)]),
+            v=jax.tree.unflatten(v_def, bufs[len(ks) :]),
+        )
+        if cache_constraint is not None:
+            cache = lax.with_sharding_constraint(cache, cache_constraint)
+        return cache
+
+    return fork
+
+
+def _copy_prefixes(bufs, axes, src, dst, n, count, block, slot_axes):
+    """``make_fork``'s copy over (local) buffers; ``slot_axes``: the mesh axes the slots are
+    sharded over (inside ``shard_map``; rows are global indices), None: unsharded."""
+    b0, s0 = axes[0].index("batch"), axes[0].index("cache_seq")
+    rows, blk = bufs[0].shape[b0], min(block, bufs[0].shape[s0])
+    lo = 0 if slot_axes is None else lax.axis_index(slot_axes) * rows
+
+    def copy_block(j, bufs, s, d):
+        s, d = s - lo, d - lo  # local rows (outside [0, rows): another shard's)
+
+        def window(buf, ax, row):
+            start = [jnp.int32(0)] * buf.ndim
+            start[ax.index("batch")] = jnp.clip(row, 0, rows - 1)
+            start[ax.index("cache_seq")] = (j * blk).astype(jnp.int32)
+            size = list(buf.shape)
+            size[ax.index("batch")], size[ax.index("cache_seq")] = 1, blk
+            return start, size
+
+        pieces = [lax.dynamic_slice(b, *window(b, ax, s)) for b, ax in zip(bufs, axes, strict=True)]
+        if slot_axes is not None:  # the source shard's blocks, everywhere
+            own = (s >= 0) & (s < rows)
+            pieces = lax.psum([jnp.where(own, p, jnp.zeros_like(p)) for p in pieces], slot_axes)
+            mine = (d >= 0) & (d < rows)
+            pieces = [
+                jnp.where(mine, p, lax.dynamic_slice(b, *window(b, ax, d)))
+                for p, b, ax in zip(pieces, bufs, axes, strict=True)
+            ]
+        return tuple(
+            lax.dynamic_update_slice(b, p, window(b, ax, d)[0])
+            for p, b, ax in zip(pieces, bufs, axes, strict=True)
+        )
+
+    def pair(i, bufs):
+        n_blocks = (n[i] + blk - 1) // blk
+        return lax.fori_loop(0, n_blocks, lambda j, b: copy_block(j, b, src[i], dst[i]), bufs)
+
+    return lax.fori_loop(0, count, pair, tuple(bufs))

@@ -58,3 +58,26 @@ def test_slots_must_divide_the_data_axes():
     model = Transformer(CFG, rngs=nnx.Rngs(3))
     with pytest.raises(ValueError, match="max_slots=6"):
         Engine(model, EngineConfig(max_slots=6), mesh=make_mesh((4, 2, 1)))
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+@pytest.mark.parametrize("unroll", [True, False], ids=["unrolled", "stacked"])
+def test_mesh_prefix_forks_match_unshared(unroll):
+    """Forks between slots on different shards (the fork runs under shard_map) give the
+    unshared single-device results."""
+    model = Transformer(CFG, rngs=nnx.Rngs(3))
+    rng = np.random.default_rng(1)
+    p, q = rng.integers(0, 128, 20).tolist(), rng.integers(0, 128, 20).tolist()
+    prompts = [p, q] * 4  # each group spread over the four slot shards
+    sps = [SamplingParams(temperature=1.0, max_new_tokens=8, seed=i) for i in range(8)]
+    cfg = dataclasses.replace(ENGINE, unroll_layers=unroll)
+    ref = Engine(model, dataclasses.replace(cfg, share_prefixes=False)).generate_batch(prompts, sps)
+    eng = Engine(model, cfg, mesh=make_mesh((2, 2, 2)))
+    got = eng.generate_batch(prompts, sps)
+    assert eng.stats["forks"] == 6 and eng.stats["shared_tokens"] == 6 * 19
+    assert [r.token_ids for r in got] == [r.token_ids for r in ref]
+    np.testing.assert_allclose(
+        np.concatenate([r.logprobs for r in got]),
+        np.concatenate([r.logprobs for r in ref]),
+        atol=1e-5,
+    )
