@@ -1,0 +1,176 @@
+"""Run an ``experiment=<name>`` preset over seeds (and variants), then write its tables and curves.
+
+    python scripts/run_experiment.py research                       # seeds 0 1 2
+    python scripts/run_experiment.py research --seeds 0 --quick     # a few steps (smoke)
+    python scripts/run_experiment.py research --variants advantage=grpo advantage=gigpo \\
+        "advantage=turn_level loss=ppo_value"                        # credit assignment
+    python scripts/run_experiment.py research --variants reward=dense reward=demo
+
+Each (variant, seed) trains with ``jaxrl-train experiment=<name> seed=<s> <variant>`` in its own
+run folder ``experiments/<name>/<variant>/seed<s>`` (a rerun resumes it), then ``jaxrl-eval`` puts
+the SFT and the final RL policy side by side on the same held-out tasks (flipped tasks both ways,
+with both trajectories) in ``.../eval/``. The script writes ``experiments/<name>/results.md``
+(every seed's held-out success for SFT and RL, the mean with a 95% t-interval over seeds, and the
+failure taxonomy summed over seeds before and after), ``results.json`` and ``curves.png``
+(validation success against environment steps, mean and range over seeds, one line per variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+QUICK = ["trainer.sft_steps=4", "trainer.sft_examples=16", "trainer.sft_batch_size=8",
+         "trainer.rl_steps=2", "trainer.tasks_per_step=2", "rollout.group_size=2",
+         "trainer.eval_every=1", "trainer.heldout_tasks=4", "trainer.validation_tasks=4",
+         "trainer.checkpoint_every=1", "trainer.async_checkpoints=false",
+         "trainer.progress=false", "trainer.export=false", "sampler.max_slots=16"]  # fmt: skip
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
+
+
+def slug(variant: str) -> str:
+    return variant.replace(" ", ",").replace("/", "-") or "base"
+
+
+def run(cmd: list[str], log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t = time.time()
+    with open(log, "w") as f:
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ,
+                           "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    print(f"  {' '.join(cmd[3:])}: rc {p.returncode} in {time.time() - t:.0f} s (log {log})")
+    if p.returncode:
+        tail = log.read_text().splitlines()[-5:]
+        raise SystemExit(f"failed: {' '.join(cmd)}\n" + "\n".join(tail))
+
+
+def train_and_eval(name: str, variant: str, seed: int, root: Path, quick: bool) -> dict:
+    run_dir = root / slug(variant) / f"seed{seed}"
+    py = [sys.executable, "-m"]
+    overrides = [f"experiment={name}", f"seed={seed}", f"run_dir={run_dir}", *variant.split(),
+                 *(QUICK if quick else [])]  # fmt: skip
+    if not (run_dir / "summary.json").exists():
+        run([*py, "jaxrl_agents.cli.train", *overrides], run_dir / "train_console.log")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    cfg = json.loads((run_dir / "config.json").read_text())
+    out = run_dir / "eval"
+    if not (out / "report.json").exists():
+        env = [f"env={cfg['env']['name']}"]
+        ev = [f"policies=[{run_dir}@sft,{run_dir}@latest]", *env, f"out={out}",
+              f"tasks={cfg['trainer']['heldout_tasks']}", f"seed={seed}",
+              f"rollout.max_turns={cfg['rollout']['max_turns']}",
+              f"rollout.max_new_tokens={cfg['rollout']['max_new_tokens']}",
+              f"rollout.max_total_tokens={cfg['rollout']['max_total_tokens']}",
+              f"sampler.max_seq_len={cfg['sampler']['max_seq_len']}"]  # fmt: skip
+        run([*py, "jaxrl_agents.cli.eval", *ev], run_dir / "eval_console.log")
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    env_steps, curve = 0.0, []
+    sft_val = summary.get("sft_validation_success")
+    if sft_val is not None:
+        curve.append((0.0, sft_val))
+    for r in rows:
+        if r["stage"] == "rl":
+            n_eps = cfg["trainer"]["tasks_per_step"] * cfg["rollout"]["group_size"]
+            env_steps += r.get("mean_turns", 0.0) * n_eps
+        elif r["stage"] == "eval" and "validation_success" in r and r["step"] > 0:
+            curve.append((env_steps, r["validation_success"]))
+    return {
+        "variant": variant or "base", "seed": seed, "run_dir": str(run_dir),
+        "sft": summary["sft_heldout_success"], "rl": summary["rl_heldout_success"],
+        "sft_failures": (summary.get("sft") or {}).get("failure_modes", {}),
+        "rl_failures": (summary.get("rl") or {}).get("failure_modes", {}),
+        "wall_s": summary.get("wall_s"), "curve": curve,
+        "report": str(out / "report.html"),
+    }  # fmt: skip
+
+
+def interval(xs: list[float]) -> tuple[float, float, float]:
+    m = statistics.mean(xs)
+    if len(xs) < 2:
+        return m, float("nan"), float("nan")
+    h = T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, m - h, m + h
+
+
+def write(name: str, results: list[dict], root: Path) -> str:
+    lines = [f"## Experiment `{name}`", ""]
+    for variant in dict.fromkeys(r["variant"] for r in results):
+        rs = [r for r in results if r["variant"] == variant]
+        lines += [f"### {variant}", "", "| seed | SFT | RL | change | wall |"]
+        lines.append("|---|---|---|---|---|")
+        for r in rs:
+            change = 100 * (r["rl"] - r["sft"])
+            wall = r["wall_s"] or 0
+            lines.append(f"| {r['seed']} | {r['sft']:.3f} | {r['rl']:.3f} | {change:+.1f} | "
+                         f"{wall:.0f} s |")  # fmt: skip
+        for key in ("sft", "rl"):
+            m, lo, hi = interval([r[key] for r in rs])
+            lines.append(f"| mean {key.upper()} (95% t-interval over seeds) | {m:.3f} "
+                         f"({lo:.3f}-{hi:.3f}) | | | |")  # fmt: skip
+        m, lo, hi = interval([100 * (r["rl"] - r["sft"]) for r in rs])
+        lines += [f"| mean change (points) | {m:+.1f} ({lo:+.1f} to {hi:+.1f}) | | | |", ""]
+        modes = sorted({k for r in rs for k in (*r["sft_failures"], *r["rl_failures"])})
+        lines += ["| failure mode (sum over seeds) | SFT | RL |", "|---|---|---|"]
+        for k in modes:
+            a = sum(r["sft_failures"].get(k, 0) for r in rs)
+            b = sum(r["rl_failures"].get(k, 0) for r in rs)
+            if a or b:
+                lines.append(f"| {k} | {a} | {b} |")
+        lines += ["", "Side-by-side reports: " + ", ".join(f"[seed {r['seed']}]({r['report']})"
+                                                             for r in rs), ""]  # fmt: skip
+    text = "\n".join(lines)
+    (root / "results.md").write_text(text)
+    (root / "results.json").write_text(json.dumps(results, indent=2))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for variant in dict.fromkeys(r["variant"] for r in results):
+            curves = [r["curve"] for r in results if r["variant"] == variant and r["curve"]]
+            n = min(len(c) for c in curves) if curves else 0
+            if not n:
+                continue
+            xs = [statistics.mean(c[i][0] for c in curves) for i in range(n)]
+            ys = [[c[i][1] for c in curves] for i in range(n)]
+            ax.plot(xs, [statistics.mean(y) for y in ys], marker="o", label=variant)
+            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], alpha=0.2)
+        ax.set_xlabel("environment steps (RL)")
+        ax.set_ylabel("validation success")
+        ax.set_title(f"{name}: mean and range over seeds")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(root / "curves.png", dpi=120)
+    except ImportError:
+        pass
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("experiment")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--variants", nargs="+", default=[""], help="override sets, one per variant")
+    ap.add_argument("--out", default="experiments")
+    ap.add_argument("--quick", action="store_true", help="a few steps per run (smoke)")
+    args = ap.parse_args()
+    root = Path(args.out) / (args.experiment + ("_quick" if args.quick else ""))
+    results = []
+    for variant in args.variants:
+        for seed in args.seeds:
+            print(f"{args.experiment} [{variant or 'base'}] seed {seed}")
+            results.append(train_and_eval(args.experiment, variant, seed, root, args.quick))
+    print(write(args.experiment, results, root))
+
+
+if __name__ == "__main__":
+    main()
