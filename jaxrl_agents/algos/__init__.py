@@ -33,6 +33,7 @@ from jaxrl_agents.algos.losses import (
     aggregation_denominator,
     policy_loss,
     register_policy_loss,
+    sequence_sum,
     value_loss,
 )
 
@@ -61,6 +62,7 @@ __all__ = [
     "policy_loss",
     "register_advantage",
     "register_policy_loss",
+    "sequence_sum",
     "value_loss",
     "whiten",
     "zero_variance_mask",

@@ -21,6 +21,12 @@ Every mode is ``numerator / denominator``; pass ``denominator=aggregation_denomi
 ...)`` when a batch is split into micro-batches so the summed micro-batch losses equal the
 full-batch loss.
 
+Packed rows (``rollout.packing``): a row may hold several trajectories, told apart by
+``segment_ids`` (``1, 2, ...`` per row, 0 = padding). Pass ``segment_ids`` and every per-sequence
+quantity (``S``, ``n_i``, GSPO's sequence ratio, the ``*_seq`` / ``mis_geo`` corrections) is per
+segment, so a packed batch gives the same loss and gradients as one trajectory per row. Without
+``segment_ids`` a row is one sequence.
+
 Numerics: every importance log-ratio is clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` (20)
 before ``exp``, with the gradient flowing only inside the range (verl ``core_algos``
 ``compute_policy_loss``: ``torch.clamp(negative_approx_kl, -20, 20)``), so one token whose old
@@ -42,6 +48,8 @@ micro-batch weighting stays consistent; published PPO code mostly uses token-mea
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -85,7 +93,9 @@ class LossConfig:
     vf_clip: float | None = None
     """Clip of the value prediction around the rollout's value (PPO's clipped value loss)."""
     max_len_norm: int | None = None
-    """Dr. GRPO's constant for ``seq-mean-token-sum-norm``; None: the padded length ``T``."""
+    """Dr. GRPO's constant for ``seq-mean-token-sum-norm``; None: the padded length ``T`` (the
+    row length, which packed rows change: the jobs resolve None to the generation budget,
+    ``jobs.build.effective_loss``)."""
     is_correction: str = "none"
     """Sampler/learner mismatch correction (one of ``IS_CORRECTIONS``), with ``rho = pi_old / mu``
     (``pi_old``: the learner at the step's starting weights, ``mu``: the sampler's behaviour
@@ -134,18 +144,45 @@ class LossConfig:
 # -- aggregation ------------------------------------------------------------------------------
 
 
-def _num_seqs(mask: Array) -> Array:
-    return jnp.maximum((mask.sum(-1) > 0).sum().astype(mask.dtype), 1.0)
+def sequence_table(x: Array, segment_ids: Array) -> tuple[Array, Array]:
+    """Per-sequence sums of ``x: Float['B T']`` over the sequences ``(row, segment id)`` of
+    ``segment_ids: Int['B T']``: ``(Float['B*(T+1)'] sums, Int['B T'] each position's entry)``.
+    Entry ``b*(T+1)`` collects row ``b``'s padding (segment 0)."""
+    B, T = x.shape
+    seg = jnp.clip(segment_ids, 0, T)
+    ids = jnp.arange(B, dtype=seg.dtype)[:, None] * (T + 1) + seg
+    tot = jax.ops.segment_sum(x.reshape(-1), ids.reshape(-1), num_segments=B * (T + 1))
+    return tot, ids
 
 
-def aggregation_denominator(mask: Array, mode: str, *, max_len: int | None = None) -> Array:
-    """The scalar a mode divides by, for ``mask: Float['B T']`` (see the module docstring)."""
+def sequence_sum(x: Array, segment_ids: Array | None = None) -> Array:
+    """``Float['B T']``: at every position, the sum of ``x`` over its sequence (the row without
+    ``segment_ids``)."""
+    if segment_ids is None:
+        return jnp.broadcast_to(x.sum(-1, keepdims=True), x.shape)
+    tot, ids = sequence_table(x, segment_ids)
+    return tot[ids]
+
+
+def _num_seqs(mask: Array, segment_ids: Array | None = None) -> Array:
+    if segment_ids is None:
+        n = (mask.sum(-1) > 0).sum()
+    else:
+        n = (sequence_table(mask, segment_ids)[0] > 0).sum()
+    return jnp.maximum(n.astype(mask.dtype), 1.0)
+
+
+def aggregation_denominator(
+    mask: Array, mode: str, *, max_len: int | None = None, segment_ids: Array | None = None
+) -> Array:
+    """The scalar a mode divides by, for ``mask: Float['B T']`` (see the module docstring);
+    sequences are the segments of ``segment_ids`` when given, else the rows."""
     if mode == "token-mean":
         return jnp.maximum(mask.sum(), 1.0)
     if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
-        return _num_seqs(mask)
+        return _num_seqs(mask, segment_ids)
     if mode == "seq-mean-token-sum-norm":
-        return _num_seqs(mask) * float(max_len or mask.shape[-1])
+        return _num_seqs(mask, segment_ids) * float(max_len or mask.shape[-1])
     raise ValueError(f"unknown agg_mode {mode!r}; valid: {', '.join(AGG_MODES)}")
 
 
@@ -156,14 +193,23 @@ def aggregate(
     *,
     max_len: int | None = None,
     denominator: Array | None = None,
+    segment_ids: Array | None = None,
 ) -> Array:
-    """Reduce per-token ``x: Float['B T']`` to a scalar by ``mode`` (only masked entries count)."""
+    """Reduce per-token ``x: Float['B T']`` to a scalar by ``mode`` (only masked entries count);
+    sequences are the segments of ``segment_ids`` when given, else the rows."""
     denom = (
-        aggregation_denominator(mask, mode, max_len=max_len) if denominator is None else denominator
+        aggregation_denominator(mask, mode, max_len=max_len, segment_ids=segment_ids)
+        if denominator is None
+        else denominator
     )
     xm = jnp.where(mask > 0, x, 0.0)
     if mode == "seq-mean-token-mean":
-        num = (xm.sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).sum()
+        if segment_ids is None:
+            num = (xm.sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).sum()
+        else:
+            sums, _ = sequence_table(xm, segment_ids)
+            counts, _ = sequence_table(mask, segment_ids)
+            num = (sums / jnp.maximum(counts, 1.0)).sum()
     else:
         num = xm.sum()
     return num / denom
@@ -197,7 +243,11 @@ POLICY_LOSSES: dict[str, LossFn] = {}
 
 
 def register_policy_loss(name: str):
-    """Register ``fn(*, logprobs, old_logprobs, advantages, loss_mask, cfg) -> TokenLoss``."""
+    """Register ``fn(*, logprobs, old_logprobs, advantages, loss_mask, cfg) -> TokenLoss``.
+
+    A loss that reduces over a sequence (as GSPO does) takes a ``segment_ids`` keyword too and
+    reduces per segment (``sequence_sum``): packed rows hold several sequences. Losses without
+    that keyword are called without it."""
 
     def deco(fn: LossFn) -> LossFn:
         if name in POLICY_LOSSES:
@@ -222,6 +272,12 @@ def _clipped_surrogate(ratio: Array, adv: Array, cfg: LossConfig) -> tuple[Array
     return loss, was_clipped
 
 
+@functools.cache
+def _takes_segments(fn: LossFn) -> bool:
+    params = inspect.signature(fn).parameters
+    return "segment_ids" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 @register_policy_loss("ppo_clip")
 def ppo_clip(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) -> TokenLoss:
     """PPO (Schulman et al. 2017) with decoupled clip (DAPO, Yu et al. 2025) and optional
@@ -233,16 +289,18 @@ def ppo_clip(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) 
 
 
 @register_policy_loss("gspo")
-def gspo(*, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig) -> TokenLoss:
+def gspo(
+    *, logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig, segment_ids=None
+) -> TokenLoss:
     """GSPO (Zheng et al. 2025), token form: the sequence ratio ``s_i = exp(mean_t (logp -
     logp_old))`` clipped as in PPO; ``s_it = sg(s_i) * pi/sg(pi)`` carries the gradient
     ``s_i grad logp_t`` so that with per-sequence advantages and ``seq-mean-token-mean`` this is
-    exactly GSPO. Clip ranges are ~1e-4 (paper: 3e-4 / 4e-4), not PPO's 0.2."""
+    exactly GSPO. Clip ranges are ~1e-4 (paper: 3e-4 / 4e-4), not PPO's 0.2. Sequences are the
+    segments of ``segment_ids`` (packed rows), else the rows."""
     lr = jnp.where(loss_mask > 0, logprobs - jax.lax.stop_gradient(old_logprobs), 0.0)
-    seq_lr = clamp_log_ratio(lr.sum(-1) / jnp.maximum(loss_mask.sum(-1), 1.0))
-    ratio = jnp.exp(
-        jax.lax.stop_gradient(seq_lr)[:, None] + logprobs - jax.lax.stop_gradient(logprobs)
-    )
+    n = sequence_sum(loss_mask, segment_ids)
+    seq_lr = clamp_log_ratio(sequence_sum(lr, segment_ids) / jnp.maximum(n, 1.0))
+    ratio = jnp.exp(jax.lax.stop_gradient(seq_lr) + logprobs - jax.lax.stop_gradient(logprobs))
     loss, clipped = _clipped_surrogate(ratio, advantages, cfg)
     return TokenLoss(loss, ratio, clipped)
 
@@ -294,6 +352,7 @@ def policy_loss(
     denominator: Array | None = None,
     is_weights: Array | None = None,
     policy_logprobs: Array | None = None,
+    segment_ids: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """Scalar loss ``pg + kl_coef kl - entropy_coef H + vf_coef vf`` and metrics.
 
@@ -301,18 +360,25 @@ def policy_loss(
     (micro-batching). ``is_weights`` (truncated-IS weights, :func:`rollout_correction`) multiply
     the per-token policy-gradient loss (no gradient through them). ``policy_logprobs``: the
     policy's own (temperature-1, unfiltered) logprobs for the KL term when ``logprobs`` are under
-    a sampling transform (default: ``logprobs``). Metrics: loss, pg_loss, clip_frac, approx_kl
+    a sampling transform (default: ``logprobs``). ``segment_ids``: the sequences of packed rows
+    (see the module docstring; None: one per row). Metrics: loss, pg_loss, clip_frac, approx_kl
     (k3 of old vs new), ratio_mean, ratio_max, and kl / entropy / vf_loss / vf_clip_frac when
     those terms are present.
     """
     m = loss_mask
-    agg = lambda x: aggregate(x, m, cfg.agg_mode, max_len=cfg.max_len_norm, denominator=denominator)
-    tok = POLICY_LOSSES[cfg.name](
+    agg = lambda x: aggregate(
+        x, m, cfg.agg_mode, max_len=cfg.max_len_norm, denominator=denominator,
+        segment_ids=segment_ids,
+    )  # fmt: skip
+    fn = POLICY_LOSSES[cfg.name]
+    seg = {"segment_ids": segment_ids} if segment_ids is not None and _takes_segments(fn) else {}
+    tok = fn(
         logprobs=logprobs,
         old_logprobs=old_logprobs,
         advantages=jax.lax.stop_gradient(advantages),
         loss_mask=m,
         cfg=cfg,
+        **seg,
     )
     tok_loss = tok.loss
     if is_weights is not None:
@@ -383,13 +449,15 @@ def rollout_correction(
     *,
     mode: str,
     cap: float,
+    segment_ids: Array | None = None,
 ) -> RolloutCorrection:
     """Importance correction between the sampler's behaviour policy ``mu`` and the learner's
     ``pi_old`` (see ``LossConfig.is_correction``), following verl's ``rollout_corr_helper``.
 
     ``log rho_t = log pi_old - log mu`` per sampled token; a sequence's ratio is the product
     ``exp(sum_t log rho_t)`` (``*_seq``) or the geometric mean ``exp(mean_t log rho_t)``
-    (``mis_geo``), each log clamped to +-20 before ``exp``. No gradient flows.
+    (``mis_geo``), each log clamped to +-20 before ``exp``. Sequences are the segments of
+    ``segment_ids`` (packed rows), else the rows. No gradient flows.
     """
     if mode not in IS_CORRECTIONS:
         raise ValueError(f"unknown is_correction {mode!r}; valid: {', '.join(IS_CORRECTIONS)}")
@@ -402,13 +470,13 @@ def rollout_correction(
     mismatch = _masked_mean(jnp.expm1(lr_c) - lr_c, m)
     if mode == "none":
         return RolloutCorrection(None, None, jnp.ones((), jnp.float32), nan, nan, mismatch)
-    n_tok = jnp.maximum(m.sum(-1), 1.0)
     if mode.endswith("_token"):
         log_w = lr_c
     elif mode.endswith("_seq"):
-        log_w = jnp.broadcast_to(clamp_log_ratio(lr.sum(-1))[:, None], lr.shape)
+        log_w = clamp_log_ratio(sequence_sum(lr, segment_ids))
     else:  # mis_geo
-        log_w = jnp.broadcast_to(clamp_log_ratio(lr.sum(-1) / n_tok)[:, None], lr.shape)
+        n_tok = jnp.maximum(sequence_sum(m, segment_ids), 1.0)
+        log_w = clamp_log_ratio(sequence_sum(lr, segment_ids) / n_tok)
     log_cap = math.log(cap)
     if mode.startswith("tis"):
         truncated = on & (log_w > log_cap)

@@ -159,7 +159,17 @@ class TrainerSpec:
     """Gradient-accumulation micro-batches per update (must divide a minibatch's rows)."""
     seq_buckets: list[int] | None = None
     """Padded lengths of training rows (one train-step program each). None: 128, 192, 256, 384,
-    512, 768, ... up to the first that holds ``rollout.max_total_tokens``."""
+    512, 768, ... up to the first that holds ``rollout.max_total_tokens``. Packed rows
+    (``pack_rows``) may take any of them at least as long as the step's longest episode: a bucket
+    above the longest episodes lets similar-length ones share rows more tightly (at the cost of
+    the longer rows' attention)."""
+    pack_rows: bool = True
+    """Pack several episodes (SFT sequences) into each training row: first-fit decreasing into
+    rows of a ``seq_buckets`` length, each episode its own attention segment with positions from
+    0, the row count from a ladder of multiples of minibatches x microbatches x data-parallel
+    shards (``rollout.packing``). Same loss and gradients as one episode per row for the same
+    minibatch episodes, far fewer padded positions; the step log's ``real_frac`` is the
+    episode share of the computed positions. false: one episode per row."""
     logprob_chunk: int = 128
     """Vocabulary projection chunk of the log-prob computation (memory)."""
     eval_every: int = 10

@@ -234,7 +234,9 @@ async def _sft(
     bar = run.bar(start, tr.sft_steps, "SFT")
     for s in bar:
         idx = [order[(s * tr.sft_batch_size + j) % len(data)] for j in range(tr.sft_batch_size)]
-        batch = system.collector.sft_batch([data[i] for i in idx], share)
+        batch = system.collector.sft_batch(
+            [data[i] for i in idx], share, pack=tr.pack_rows, row_multiple=tr.microbatches
+        )
         state, m = step_fn(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
         if every(10, s + 1) or s + 1 == tr.sft_steps:
             m = D.host_value(m)
@@ -337,12 +339,13 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
         everyone = collector.everyone(roll, slim=True)  # all processes' episodes, for the record
         run.check_errors(everyone, f"RL step {s + 1}")
         db = collector.device_batch(
-            roll, rows=rows, max_turns=cfg.rollout.max_turns, mask_overlong=tr.mask_overlong
-        )
+            roll, rows=rows, max_turns=cfg.rollout.max_turns, mask_overlong=tr.mask_overlong,
+            pack=tr.pack_rows, row_multiple=tr.minibatches * tr.microbatches,
+        )  # fmt: skip
         state, metrics = await asyncio.to_thread(  # UPDATE: advantages + epochs x minibatches
             update, state, db.batch, db.episodes, run.keys.key("update", s), ref
         )
-        metrics = {**D.host_value(metrics.as_dict()), **shaping}
+        metrics = {**D.host_value(metrics.as_dict()), **shaping, "real_frac": db.real_frac}
         if pending is None:
             push(state, s + 1)
             if s + 1 < tr.rl_steps:

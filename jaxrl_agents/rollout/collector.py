@@ -4,18 +4,24 @@ Training and evaluation both collect through here, so the :class:`Orchestrator` 
 one place (:meth:`Collector.orchestrator`) and the sampling settings come from one place (the
 ``rollout`` config group: temperature, top-k, top-p, min-p; greedy for evaluation).
 
+Device batches pack several episodes per row by default (``rollout.packing.plan_rows``: first-fit
+decreasing into rows of a length bucket, the row count from a ladder of multiples of what the
+update splits rows by); ``pack=False`` keeps one episode per row.
+
 Multi-host (``jax.distributed``): each process runs a contiguous share of the tasks, all samples
 of a task included, on its own process-local engine. :meth:`Collector.device_batch` packs this
 process's episodes into its rows of the global batch, with group and anchor ids made global
-(disjoint across processes) and one sequence bucket agreed by every process (the shapes of a
-global batch must match). :meth:`Collector.everyone` all-gathers episodes, so every process
-reports the same numbers. With one process all of this is the identity.
+(disjoint across processes), episode placements pointing at global rows, and one shape agreed by
+every process (the shapes of a global batch must match: the processes all-gather their episodes'
+lengths and compute the same plan). :meth:`Collector.everyone` all-gathers episodes, so every
+process reports the same numbers. With one process all of this is the identity.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -23,7 +29,15 @@ import numpy as np
 
 from jaxrl_agents import distributed as D
 from jaxrl_agents.rollout.orchestrator import Orchestrator, RolloutConfig
-from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch, bucket_for, pack, pack_sft
+from jaxrl_agents.rollout.packing import (
+    EpisodeArrays,
+    TrainBatch,
+    bucket_for,
+    clear_loss,
+    pack_sft,
+    plan_rows,
+)
+from jaxrl_agents.rollout.packing import pack as pack_episodes
 from jaxrl_agents.types import EndReason, Task, Trajectory
 
 
@@ -49,6 +63,8 @@ class DeviceBatch(NamedTuple):
     """Episodes left out of the update (all processes): ``reward_error`` or no tokens at all."""
     overlong_masked: int = 0
     """Episodes cut off by a length limit whose loss was masked (``mask_overlong``)."""
+    real_frac: float = 1.0
+    """Episode positions / computed positions of the global batch (packing efficiency)."""
 
 
 def trainable(traj: Trajectory) -> bool:
@@ -176,54 +192,93 @@ class Collector:
         agreed = int(D.gather_rows(np.array(max(longest, 1))).max())
         return [bucket_for(agreed, self.seq_buckets)]
 
-    def device_batch(
-        self, roll: Rollout, *, rows: int, max_turns: int, mask_overlong: bool = False
-    ) -> DeviceBatch:
-        """This process's episodes -> its ``rows`` rows of the global batch, placed on the mesh.
+    def row_multiple(self, multiple: int = 1) -> int:
+        """What this process's packed row count must be a multiple of: the global rows split into
+        ``multiple`` (minibatches x microbatches) x the data-parallel shards of ``sharding``,
+        evenly over the processes."""
+        import jax
 
-        ``mask_overlong``: episodes cut off by a length limit keep their place in their group's
-        statistics but contribute no loss (``algos.batch_shaping.overlong_rows``)."""
+        shards = 1
+        if self.sharding is not None:
+            for axis in D.batch_axes():
+                shards *= self.sharding.mesh.shape[axis]
+        nproc = jax.process_count()
+        return math.lcm(multiple * shards, nproc) // nproc
+
+    def device_batch(
+        self,
+        roll: Rollout,
+        *,
+        rows: int,
+        max_turns: int,
+        mask_overlong: bool = False,
+        pack: bool = True,
+        row_multiple: int = 1,
+    ) -> DeviceBatch:
+        """This process's episodes -> its share of the global batch, placed on the mesh.
+
+        ``rows``: this process's episode slots (the batch's rows with ``pack=False``).
+        ``pack``: several episodes per row (``rollout.packing``), the row count a multiple of
+        :meth:`row_multiple` of ``row_multiple`` (minibatches x microbatches) and at most
+        ``rows``. ``mask_overlong``: episodes cut off by a length limit keep their place in their
+        group's statistics but contribute no loss (``algos.batch_shaping.overlong_rows``).
+        Dropped episodes (``reward_error``, no tokens) take no position and no share in any
+        group."""
         import jax
 
         from jaxrl_agents.algos.batch_shaping import overlong_rows
 
         keep = [trainable(t) for t in roll.trajectories]
-        pad = [self.chat.pad_id] * 2
+        pad = [self.chat.pad_id]
         trajs = [
-            t if ok else dataclasses.replace(t, token_ids=pad, loss_mask=[0, 0], logprobs=[0, 0],
+            t if ok else dataclasses.replace(t, token_ids=pad, loss_mask=[0], logprobs=[0.0],
                                              turns=[], reward=0.0)
             for t, ok in zip(roll.trajectories, keep, strict=True)
         ]  # fmt: skip
-        packed = pack(
-            trajs,
-            buckets=self.bucket(max(len(t.token_ids) for t in trajs) - 1),
-            batch_size=rows,
-            max_turns=max_turns,
-            pad_id=self.chat.pad_id,
-        )
+        if len(trajs) > rows:
+            raise ValueError(f"{len(trajs)} episodes do not fit the {rows} episode slots")
+        lengths = np.zeros((rows,), np.int64)
+        lengths[: len(trajs)] = [len(t.token_ids) - 1 for t in trajs]
+        everyone = D.gather_rows(lengths)  # [P, rows]: every process plans the same shape
+        buckets, plan = list(self.seq_buckets), None
+        if pack:
+            plan = plan_rows(
+                [list(q) for q in everyone], buckets=buckets,
+                multiple=self.row_multiple(row_multiple), max_rows=rows,
+            )  # fmt: skip
+        else:  # one bucket agreed by every process
+            buckets = [bucket_for(max(int(everyone.max()), 1), self.seq_buckets)]
+        packed = pack_episodes(
+            trajs, buckets=buckets, batch_size=rows, max_turns=max_turns,
+            pad_id=self.chat.pad_id, rows=plan,
+        )  # fmt: skip
         b, ep = packed.batch, packed.episodes
         out = [i for i, ok in enumerate(keep) if not ok]
-        if out:  # masked rows in singleton groups: no loss, no share in any group baseline
-            b.loss_mask[out], b.turn_ids[out] = 0.0, -1
+        if out:  # no positions, singleton groups: no loss, no share in any group baseline
             ep.row_valid[out], ep.rewards[out], ep.turn_rewards[out] = 0.0, 0.0, 0.0
             ep.anchor_ids[out] = -1
             kept = [i for i, ok in enumerate(keep) if ok]
             used = {int(g) for g in ep.group_ids[kept]}
-            others = sorted(set(range(rows)) - set(kept))  # dropped + padding rows
+            others = sorted(set(range(rows)) - set(kept))  # dropped + padding slots
             ep.group_ids[others] = [g for g in range(rows) if g not in used][: len(others)]
-        first_row = jax.process_index() * rows
+        p = jax.process_index()
+        first_row = p * rows  # episode slots of the processes before this one
         n_turns = ep.anchor_ids.shape[1]
         ep = ep._replace(
             group_ids=ep.group_ids + first_row,
             anchor_ids=np.where(ep.anchor_ids >= 0, ep.anchor_ids + first_row * n_turns, -1),
+            row=ep.row + p * b.input_ids.shape[0],  # batch rows of the processes before
         )
         long = (
             [i for i, x in enumerate(overlong_rows(trajs)) if x and keep[i]]
             if mask_overlong
             else []
         )
-        b.loss_mask[long] = 0.0
-        counts = D.gather_rows(np.array([packed.truncated, b.loss_mask.sum(), len(out), len(long)]))
+        clear_loss(packed, long)
+        real = int((b.segment_ids > 0).sum())
+        counts = D.gather_rows(np.array(
+            [packed.truncated, b.loss_mask.sum(), len(out), len(long), real, b.input_ids.size]
+        ))  # fmt: skip
         return DeviceBatch(
             D.place(b, self.sharding),
             D.place(ep, self.sharding),
@@ -231,14 +286,37 @@ class Collector:
             int(counts[:, 1].sum()),
             int(counts[:, 2].sum()),
             int(counts[:, 3].sum()),
+            float(counts[:, 4].sum() / max(counts[:, 5].sum(), 1)),
         )
 
     def sft_batch(
-        self, rows: Sequence[tuple[Sequence[int], Sequence[int]]], share: slice
+        self,
+        rows: Sequence[tuple[Sequence[int], Sequence[int]]],
+        share: slice,
+        *,
+        pack: bool = True,
+        row_multiple: int = 1,
     ) -> TrainBatch:
         """Golden ``(ids, loss_mask)`` rows of the whole global batch (every process holds them)
-        -> this process's ``share`` of them on the mesh; the bucket comes from all rows, so the
-        processes agree on it without a collective."""
-        bucket = bucket_for(max(max(len(ids) for ids, _ in rows) - 1, 1), self.seq_buckets)
-        batch, _ = pack_sft(rows[share], buckets=[bucket], pad_id=self.chat.pad_id)
+        -> this process's ``share`` of them on the mesh. The shape comes from all rows, so the
+        processes agree on it without a collective. ``pack``: several sequences per row, the
+        row count a multiple of :meth:`row_multiple` of ``row_multiple`` (microbatches)."""
+        import jax
+
+        if not pack:
+            bucket = bucket_for(max(max(len(ids) for ids, _ in rows) - 1, 1), self.seq_buckets)
+            batch, _ = pack_sft(rows[share], buckets=[bucket], pad_id=self.chat.pad_id)
+            return D.place(batch, self.sharding)
+        size = share.stop - share.start
+        parts = [
+            [len(ids) - 1 for ids, _ in rows[q * size : (q + 1) * size]]
+            for q in range(jax.process_count())
+        ]
+        plan = plan_rows(
+            parts, buckets=self.seq_buckets, multiple=self.row_multiple(row_multiple),
+            max_rows=size,
+        )  # fmt: skip
+        batch, _ = pack_sft(
+            rows[share], buckets=self.seq_buckets, pad_id=self.chat.pad_id, rows=plan
+        )
         return D.place(batch, self.sharding)

@@ -1,13 +1,30 @@
 """Host trajectories -> fixed-shape device batches. The one module that owns this conversion.
 
-Alignment convention: every ``[B, T]`` array is indexed by *input* position ``t``; the quantities
+Alignment convention: every ``[R, T]`` array is indexed by *input* position ``t``; the quantities
 that belong to a predicted token (``target_ids``, ``loss_mask``, ``old_logprobs``, ``advantages``,
 ``turn_ids``) describe token ``t + 1``, which the logits at ``t`` predict. So a trajectory of ``n``
-tokens occupies ``n - 1`` prediction positions.
+tokens occupies ``n - 1`` prediction positions (its *length* below).
 
-Shapes are bucketed: ``T`` is the smallest bucket that fits the longest trajectory (longer ones are
-truncated and counted), ``B`` is padded to ``batch_size`` with all-zero rows, so a long run compiles
-at most ``len(buckets)`` train-step programs.
+Two layouts, one set of arrays:
+
+* **One trajectory per row** (``pack(..., rows=None)``): ``T`` is the smallest bucket that fits
+  the longest trajectory (longer ones are truncated and counted), the batch has ``batch_size``
+  rows, padding rows all zero.
+* **Packed rows** (``pack(..., rows=plan_rows(...))``): several trajectories share a row,
+  placed first-fit-decreasing into ``rows`` rows of ``row_len`` positions. Within a row the
+  trajectories are segments ``1, 2, ...`` of ``segment_ids`` (0 = padding) and each one's
+  ``positions`` restart at 0, so the decoder (causal attention within equal segment ids, RoPE from
+  ``positions``) computes every trajectory exactly as if it were alone in its row.
+
+Either way the per-trajectory quantities stay in *episode space*: :class:`EpisodeArrays` has one
+entry per trajectory slot (``batch_size`` of them, in trajectory order), and its ``row`` /
+``offset`` / ``length`` say where each trajectory's positions lie in the batch, so the update can
+gather per-token statistics into ``[E, T]`` (one trajectory per row, what the advantage
+estimators read) and scatter advantages back (``training.update``).
+
+Shapes are fixed so a long run compiles few programs: the row length is a bucket, the number of
+rows comes from a small ladder of multiples of what the update must split rows by
+(:func:`row_ladder`), and :func:`plan_rows` picks the pair with the fewest computed positions.
 """
 
 from __future__ import annotations
@@ -24,32 +41,58 @@ from jaxrl_agents.types import Ann, Trajectory
 class TrainBatch(NamedTuple):
     """One device batch (numpy on the host until the train step places it)."""
 
-    input_ids: np.ndarray  # Int['B T']
-    positions: np.ndarray  # Int['B T']
-    segment_ids: np.ndarray  # Int['B T']  1 on real tokens, 0 on padding
-    target_ids: np.ndarray  # Int['B T']  token t+1
-    loss_mask: np.ndarray  # Float['B T'] 1 where token t+1 was sampled by the policy
-    old_logprobs: np.ndarray  # Float['B T'] rollout logprob of token t+1
-    advantages: np.ndarray  # Float['B T']
-    returns: np.ndarray  # Float['B T']  value targets (GAE), else 0
-    turn_ids: np.ndarray  # Int['B T']  turn of token t+1, -1 if not sampled
+    input_ids: np.ndarray  # Int['R T']
+    positions: np.ndarray  # Int['R T']  position within the trajectory (restarts per segment)
+    segment_ids: np.ndarray  # Int['R T']  1, 2, ... per trajectory of the row, 0 on padding
+    target_ids: np.ndarray  # Int['R T']  token t+1
+    loss_mask: np.ndarray  # Float['R T'] 1 where token t+1 was sampled by the policy
+    old_logprobs: np.ndarray  # Float['R T'] rollout logprob of token t+1
+    advantages: np.ndarray  # Float['R T']
+    returns: np.ndarray  # Float['R T']  value targets (GAE), else 0
+    turn_ids: np.ndarray  # Int['R T']  turn of token t+1, -1 if not sampled
 
 
 class EpisodeArrays(NamedTuple):
-    """Per-trajectory quantities the advantage estimators need besides the token arrays."""
+    """Per-trajectory quantities the advantage estimators need besides the token arrays, and where
+    each trajectory lies in the batch (``E`` trajectory slots, padding slots included)."""
 
-    rewards: np.ndarray  # Float['B']
-    group_ids: np.ndarray  # Int['B']
-    turn_rewards: np.ndarray  # Float['B N']
-    turn_mask: np.ndarray  # Float['B N']
-    anchor_ids: np.ndarray  # Int['B N']  same id = same (group, env state) before the turn
-    row_valid: np.ndarray  # Float['B']  0 for padding rows
+    rewards: np.ndarray  # Float['E']
+    group_ids: np.ndarray  # Int['E']
+    turn_rewards: np.ndarray  # Float['E N']
+    turn_mask: np.ndarray  # Float['E N']
+    anchor_ids: np.ndarray  # Int['E N']  same id = same (group, env state) before the turn
+    row_valid: np.ndarray  # Float['E']  0 for padding slots
+    row: np.ndarray | None = None
+    """Int['E']: the batch row holding the trajectory. None (with ``offset``, ``length``): one
+    trajectory per row, row ``e`` = trajectory ``e`` (``E == R``), a hand-built batch."""
+    offset: np.ndarray | None = None
+    """Int['E']: its first position in that row."""
+    length: np.ndarray | None = None
+    """Int['E']: its prediction positions in the batch (0: a padding or dropped slot)."""
+
+
+class RowPlan(NamedTuple):
+    """The shape of a packed batch: ``rows`` rows of ``row_len`` positions (per process)."""
+
+    row_len: int
+    rows: int
 
 
 class Packed(NamedTuple):
     batch: TrainBatch
     episodes: EpisodeArrays
-    truncated: int  # trajectories cut to the largest bucket
+    truncated: int  # trajectories cut to the row length (the largest bucket)
+
+    @property
+    def real_frac(self) -> float:
+        """Real (trajectory) positions / computed positions of the batch."""
+        return real_frac(self.batch)
+
+
+def real_frac(batch: TrainBatch) -> float:
+    """Fraction of a batch's ``R x T`` positions that hold trajectory tokens."""
+    seg = np.asarray(batch.segment_ids)
+    return float((seg > 0).sum() / max(seg.size, 1))
 
 
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
@@ -57,6 +100,82 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
     buckets = sorted(buckets)
     i = bisect.bisect_left(buckets, n)
     return buckets[min(i, len(buckets) - 1)]
+
+
+# -- packing plans ----------------------------------------------------------------------------
+
+
+def first_fit_decreasing(lengths: Sequence[int], row_len: int) -> list[list[int]]:
+    """Bins of item indices: items longest first (ties by index), each into the first row with
+    room for it. Items of length 0 are left out; items longer than ``row_len`` are an error."""
+    lengths = [int(x) for x in lengths]
+    if any(x > row_len for x in lengths):
+        raise ValueError(f"an item of {max(lengths)} positions does not fit a row of {row_len}")
+    order = sorted((i for i, x in enumerate(lengths) if x > 0), key=lambda i: (-lengths[i], i))
+    free = np.zeros(len(order), np.int64)
+    bins: list[list[int]] = []
+    for i in order:
+        n = lengths[i]
+        j = int(np.argmax(free[: len(bins)] >= n)) if bins else 0
+        if not bins or free[j] < n:
+            j = len(bins)
+            bins.append([])
+            free[j] = row_len
+        bins[j].append(i)
+        free[j] -= n
+    return bins
+
+
+def row_ladder(n: int, multiple: int = 1, max_rows: int | None = None) -> int:
+    """The smallest ladder row count holding ``n`` rows: ``multiple x k`` with ``k`` any of
+    1..32, then ``16..31 x 2^j`` (rounding up by less than 1/16: at most 16 shapes per doubling
+    of the batch, of which a run visits the few its per-step token volume spans); ``max_rows``
+    (the one-trajectory-per-row count, always a valid shape) caps it."""
+    k = max(-(-n // multiple), 1)
+    if k > 32:  # round up to a multiple of 2^e, e such that k / 2^e lies in [16, 32]
+        step = 1 << (k.bit_length() - 5)
+        k = -(-k // step) * step
+    rows = k * multiple
+    if max_rows is not None and rows >= max_rows:
+        return max_rows
+    return rows
+
+
+def plan_rows(
+    parts: Sequence[Sequence[int]],
+    *,
+    buckets: Sequence[int],
+    multiple: int = 1,
+    max_rows: int | None = None,
+) -> RowPlan:
+    """The packed shape every part (process) can use: ``(row_len, rows)`` with ``row_len`` a bucket
+    at least the smallest one holding the longest item, ``rows`` from :func:`row_ladder` and at
+    least the first-fit-decreasing row count of every part, minimising ``rows x row_len`` (the
+    computed positions; ties: the shorter row, whose attention is cheaper).
+
+    ``parts[p]``: the lengths (prediction positions, ``len(token_ids) - 1``) of part ``p``'s
+    trajectories; longer than the largest bucket means truncated to it. Every process computes
+    the same plan from the same (all-gathered) lengths, so no further agreement is needed.
+    """
+    buckets = sorted(set(int(b) for b in buckets))
+    top = buckets[-1]
+    parts = [[min(max(int(x), 0), top) for x in p] for p in parts]
+    longest = max((max(p, default=0) for p in parts), default=0)
+    lo = bucket_for(max(longest, 1), buckets)
+    best: tuple[int, int, int] | None = None  # (positions, row_len, rows)
+    for T in (b for b in buckets if b >= lo):
+        floor = max(-(-sum(p) // T) for p in parts)  # rows needed by volume alone
+        if best is not None and row_ladder(floor, multiple, max_rows) * T >= best[0]:
+            continue
+        need = max(len(first_fit_decreasing(p, T)) for p in parts)
+        rows = row_ladder(need, multiple, max_rows)
+        if best is None or rows * T < best[0]:
+            best = (rows * T, T, rows)
+    assert best is not None
+    return RowPlan(row_len=best[1], rows=best[2])
+
+
+# -- packing ----------------------------------------------------------------------------------
 
 
 def pack(
@@ -67,8 +186,15 @@ def pack(
     max_turns: int | None = None,
     pad_id: int = 0,
     turn_rewards: Sequence[Sequence[float]] | None = None,
+    rows: RowPlan | None = None,
 ) -> Packed:
     """Pack trajectories into a :class:`TrainBatch` (+ :class:`EpisodeArrays`).
+
+    ``batch_size``: trajectory slots ``E`` (default: the trajectories; extra slots are padding).
+    ``rows``: None puts trajectory ``i`` alone in row ``i`` (``R = E`` rows of the smallest bucket
+    holding the longest); a :class:`RowPlan` packs them first-fit-decreasing into its rows
+    (``ValueError`` if they do not fit; :func:`plan_rows` makes plans that do). Trajectories with
+    fewer than two tokens take no position.
 
     ``turn_rewards[i]`` (one value per turn of trajectory ``i``) defaults to the sum of each
     turn's ``reward_terms``; trajectories with no turns get their whole reward on a virtual turn 0.
@@ -79,42 +205,67 @@ def pack(
     b = batch_size or n
     if b < n:
         raise ValueError(f"batch_size={b} is smaller than the {n} trajectories to pack")
-    longest = max(len(t.token_ids) for t in trajectories) - 1
-    T = bucket_for(max(longest, 1), buckets)
+    full = [max(len(t.token_ids) - 1, 0) for t in trajectories]
+    if rows is None:
+        T = bucket_for(max(max(full), 1), buckets)
+        R = b
+        lengths = [min(x, T) for x in full]
+        place = [(i, 0, 1) for i in range(n)]  # (row, offset, segment id)
+    else:
+        T, R = rows.row_len, rows.rows
+        lengths = [min(x, T) for x in full]
+        bins = first_fit_decreasing(lengths, T)
+        if len(bins) > R:
+            raise ValueError(f"{n} trajectories need {len(bins)} rows of {T}; the plan has {R}")
+        place = [(0, 0, 0)] * n
+        for r, items in enumerate(bins):
+            off = 0
+            for k, i in enumerate(items):
+                place[i] = (r, off, k + 1)
+                off += lengths[i]
     N = max_turns or max(1, max(len(t.turns) for t in trajectories))
 
     i32, f32 = np.int32, np.float32
-    input_ids = np.full((b, T), pad_id, i32)
-    positions = np.zeros((b, T), i32)
-    segment_ids = np.zeros((b, T), i32)
-    target_ids = np.full((b, T), pad_id, i32)
-    loss_mask = np.zeros((b, T), f32)
-    old_logprobs = np.zeros((b, T), f32)
-    turn_ids = np.full((b, T), -1, i32)
+    input_ids = np.full((R, T), pad_id, i32)
+    positions = np.zeros((R, T), i32)
+    segment_ids = np.zeros((R, T), i32)
+    target_ids = np.full((R, T), pad_id, i32)
+    loss_mask = np.zeros((R, T), f32)
+    old_logprobs = np.zeros((R, T), f32)
+    turn_ids = np.full((R, T), -1, i32)
     rewards = np.zeros((b,), f32)
-    group_ids = np.arange(b, dtype=i32)  # padding rows: singleton groups
+    group_ids = np.arange(b, dtype=i32)  # padding slots: singleton groups
     t_rewards = np.zeros((b, N), f32)
     t_mask = np.zeros((b, N), f32)
     anchor_ids = np.full((b, N), -1, i32)
     row_valid = np.zeros((b,), f32)
+    ep_row = np.zeros((b,), i32)
+    ep_off = np.zeros((b,), i32)
+    ep_len = np.zeros((b,), i32)
     anchors: dict[tuple[int, str], int] = {}
     truncated = 0
 
     for i, traj in enumerate(trajectories):
         ids = np.asarray(traj.token_ids, i32)
-        L = min(len(ids) - 1, T)
-        truncated += int(len(ids) - 1 > T)
-        input_ids[i, :L] = ids[:L]
-        positions[i, :L] = np.arange(L)
-        segment_ids[i, :L] = 1
-        target_ids[i, :L] = ids[1 : L + 1]
-        loss_mask[i, :L] = np.asarray(traj.loss_mask[1 : L + 1], f32)
-        old_logprobs[i, :L] = np.asarray(traj.logprobs[1 : L + 1], f32)
-        for k, turn in enumerate(traj.turns[:N]):
-            lo, hi = max(turn.start - 1, 0), min(turn.end - 1, L)
-            if lo < hi:
-                turn_ids[i, lo:hi] = k
-        turn_ids[i] = np.where(loss_mask[i] > 0, turn_ids[i], -1)
+        L = lengths[i]
+        truncated += int(full[i] > T)
+        r, o, seg = place[i]
+        if L > 0:
+            sl = slice(o, o + L)
+            input_ids[r, sl] = ids[:L]
+            positions[r, sl] = np.arange(L)
+            segment_ids[r, sl] = seg
+            target_ids[r, sl] = ids[1 : L + 1]
+            mask = np.asarray(traj.loss_mask[1 : L + 1], f32)
+            loss_mask[r, sl] = mask
+            old_logprobs[r, sl] = np.asarray(traj.logprobs[1 : L + 1], f32)
+            tid = np.full((L,), -1, i32)
+            for k, turn in enumerate(traj.turns[:N]):
+                lo, hi = max(turn.start - 1, 0), min(turn.end - 1, L)
+                if lo < hi:
+                    tid[lo:hi] = k
+            turn_ids[r, sl] = np.where(mask > 0, tid, -1)
+        ep_row[i], ep_off[i], ep_len[i] = r, o, L
         rewards[i] = traj.reward
         group_ids[i] = traj.group_id
         row_valid[i] = 1.0
@@ -131,7 +282,7 @@ def pack(
             key = turn.annotations.get(Ann.STATE_KEY)
             if key is not None:
                 anchor_ids[i, k] = anchors.setdefault((traj.group_id, str(key)), len(anchors))
-    # Padding rows need group ids that collide with no real group.
+    # Padding slots need group ids that collide with no real group.
     if b > n:
         group_ids[n:] = np.max(group_ids[:n]) + 1 + np.arange(b - n)
 
@@ -142,12 +293,23 @@ def pack(
         target_ids=target_ids,
         loss_mask=loss_mask,
         old_logprobs=old_logprobs,
-        advantages=np.zeros((b, T), f32),
-        returns=np.zeros((b, T), f32),
+        advantages=np.zeros((R, T), f32),
+        returns=np.zeros((R, T), f32),
         turn_ids=turn_ids,
     )
-    episodes = EpisodeArrays(rewards, group_ids, t_rewards, t_mask, anchor_ids, row_valid)
+    episodes = EpisodeArrays(
+        rewards, group_ids, t_rewards, t_mask, anchor_ids, row_valid, ep_row, ep_off, ep_len
+    )
     return Packed(batch, episodes, truncated)
+
+
+def clear_loss(packed: Packed, slots: Sequence[int]) -> None:
+    """Zero the loss mask of trajectory slots ``slots`` in place; their positions stay in the
+    batch and their slots in the episode arrays (``mask_overlong``)."""
+    ep, b = packed.episodes, packed.batch
+    for i in slots:
+        r, o, L = int(ep.row[i]), int(ep.offset[i]), int(ep.length[i])
+        b.loss_mask[r, o : o + L] = 0.0
 
 
 def pack_sft(
@@ -156,10 +318,12 @@ def pack_sft(
     buckets: Sequence[int],
     batch_size: int | None = None,
     pad_id: int = 0,
+    rows: RowPlan | None = None,
 ) -> tuple[TrainBatch, int]:
-    """Golden ``(ids, loss_mask)`` pairs -> a :class:`TrainBatch` for SFT (advantages unused)."""
+    """Golden ``(ids, loss_mask)`` pairs -> a :class:`TrainBatch` for SFT (advantages unused);
+    ``rows`` as in :func:`pack` (None: one sequence per row)."""
     trajs = [_SftRow(ids, mask) for ids, mask in encoded]
-    packed = pack(trajs, buckets=buckets, batch_size=batch_size, pad_id=pad_id)  # type: ignore[arg-type]
+    packed = pack(trajs, buckets=buckets, batch_size=batch_size, pad_id=pad_id, rows=rows)  # type: ignore[arg-type]
     return packed.batch, packed.truncated
 
 

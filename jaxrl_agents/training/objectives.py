@@ -55,7 +55,8 @@ def sft_loss(*, chunk: int):
 
 
 def rl_loss(loss_cfg: Any, *, chunk: int, sampling: SamplingTransform | None = None):
-    """The configured policy loss (``algos.policy_loss``) on a packed rollout batch.
+    """The configured policy loss (``algos.policy_loss``) on a rollout batch (one trajectory per
+    row or packed rows: every per-sequence reduction is per segment of ``mb.segment_ids``).
 
     ``extra`` (``RLLossInputs`` or ``LossInputs``) holds the full-batch aggregation denominator,
     the reference logprobs when a KL loss term to the frozen reference is on, and the
@@ -87,6 +88,7 @@ def rl_loss(loss_cfg: Any, *, chunk: int, sampling: SamplingTransform | None = N
             values=stats.values if critic else None,
             old_values=getattr(extra, "old_values", None) if critic else None,
             returns=mb.returns if critic else None,
+            segment_ids=mb.segment_ids,  # packed rows: per-sequence terms are per segment
         )
         mask = mb.loss_mask
         n = jnp.maximum(jnp.sum(mask), 1.0)

@@ -15,11 +15,18 @@
    ``kl_as_reward`` the KL becomes a per-trajectory reward penalty (``algos.kl_reward``) before
    advantages, otherwise it is a loss term.
 2. **Advantages** with the configured estimator on the whole (global) batch, so estimators that
-   whiten or normalise over the batch see every process's rows.
+   whiten or normalise over the batch see every process's rows. Estimators run in *episode
+   space*, ``[E, T]`` with one trajectory per row (``compute_advantages`` as written): the batch
+   may pack several trajectories per row (``rollout.packing``), so the per-token inputs (loss
+   mask, turn ids, the critic's values, the logprobs of a KL reward) are gathered from the rows
+   by the episodes' ``row`` / ``offset`` / ``length``, and advantages and returns are scattered
+   back (:class:`_Layout`).
 3. **K epochs x M minibatches** as one ``lax.scan``: each epoch draws a permutation of the rows
-   from ``fold_in(key, epoch)``, the minibatch rows are gathered on device, and every minibatch is
-   one optimizer update (``training.step``: micro-batch accumulation, clipping, the non-finite
-   guard) with its own aggregation denominator.
+   from ``fold_in(key, epoch)``, the minibatch rows are gathered on device (a packed row's
+   trajectories stay together), and every minibatch is one optimizer update (``training.step``:
+   micro-batch accumulation, clipping, the non-finite guard) with its own aggregation
+   denominator. Per-sequence terms reduce per segment (``algos.losses``), so a packed batch and
+   one trajectory per row give the same loss and gradients for the same minibatch trajectories.
 
 Nothing goes back to the host in between; the metrics come back as one named record.
 """
@@ -106,6 +113,35 @@ def _explained(returns: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Ar
     return 1.0 - var(returns - values) / jnp.maximum(var(returns), 1e-8)
 
 
+class _Layout:
+    """Where the batch's trajectories lie: gathers rows -> episode space ``[E, T]`` and scatters
+    back (the identity when the episodes carry no placement: one trajectory per row)."""
+
+    def __init__(self, batch: TrainBatch, episodes: EpisodeArrays):
+        self.shape = batch.loss_mask.shape
+        self.identity = episodes.row is None
+        if self.identity:
+            return
+        T = self.shape[1]
+        t = jnp.arange(T)[None, :]
+        self.inside = t < episodes.length[:, None]  # [E, T]
+        self.row = episodes.row[:, None]
+        self.col = jnp.where(self.inside, episodes.offset[:, None] + t, 0)
+
+    def to_episodes(self, x: jax.Array, fill=0) -> jax.Array:
+        """``[R, T]`` rows -> ``[E, T]``: trajectory ``e``'s positions from 0, ``fill`` after."""
+        if self.identity:
+            return x
+        return jnp.where(self.inside, x[self.row, self.col], jnp.asarray(fill, x.dtype))
+
+    def to_rows(self, y: jax.Array) -> jax.Array:
+        """``[E, T]`` -> ``[R, T]`` rows (0 where no trajectory lies)."""
+        if self.identity:
+            return y
+        col = jnp.where(self.inside, self.col, self.shape[1])  # out of range: dropped
+        return jnp.zeros(self.shape, y.dtype).at[self.row, col].set(y, mode="drop")
+
+
 def make_rl_update(
     graphdef: nnx.GraphDef,
     rest: Any,
@@ -122,7 +158,8 @@ def make_rl_update(
 ):
     """Build the jitted ``update(state, batch, episodes, key, ref_params)`` (state donated).
 
-    ``batch`` / ``episodes`` are the packed device arrays of one step (``rollout.Collector``);
+    ``batch`` / ``episodes`` are the device arrays of one step (``rollout.Collector``): packed
+    rows or one trajectory per row, with the episodes' placement in the rows;
     ``key`` is this step's update key; ``ref_params`` the frozen KL reference (None when the loss
     has no KL term). Rows must divide into ``minibatches``, and a minibatch's rows into
     ``microbatches`` (checked at start-up by the jobs).
@@ -156,6 +193,8 @@ def make_rl_update(
         nan = jnp.full((), jnp.nan, jnp.float32)
         rewards, kl_rew, ref_lp = episodes.rewards, nan, None
         behaviour = batch.old_logprobs
+        lay = _Layout(batch, episodes)
+        ep_mask = lay.to_episodes(batch.loss_mask)  # episode space: one trajectory per row
         old = stats_of(state.params, batch, sampling, critic) if need_old or critic else None
         old_values = None
         if critic:  # the critic's values at the starting weights: GAE inputs, clipped-loss anchor
@@ -165,9 +204,9 @@ def make_rl_update(
             if loss_cfg.kl_as_reward:
                 rewards, kl_traj = kl_reward(
                     rewards,
-                    logprobs=behaviour if old is None else old.policy_logprobs,
-                    ref_logprobs=ref_lp,
-                    loss_mask=batch.loss_mask,
+                    logprobs=lay.to_episodes(behaviour if old is None else old.policy_logprobs),
+                    ref_logprobs=lay.to_episodes(ref_lp),
+                    loss_mask=ep_mask,
                     kind=loss_cfg.kl_estimator,
                     coef=loss_cfg.kl_coef,
                 )
@@ -177,12 +216,12 @@ def make_rl_update(
         inputs = AdvantageInputs(
             rewards=rewards,
             group_ids=episodes.group_ids,
-            loss_mask=batch.loss_mask,
-            turn_ids=batch.turn_ids,
+            loss_mask=ep_mask,
+            turn_ids=lay.to_episodes(batch.turn_ids, fill=-1),
             turn_rewards=episodes.turn_rewards,
             turn_mask=episodes.turn_mask,
             anchor_ids=episodes.anchor_ids,
-            values=old_values,
+            values=None if old_values is None else lay.to_episodes(old_values),
         )
         adv = compute_advantages(adv_cfg.name, inputs, adv_cfg)
         returns = adv.returns
@@ -190,23 +229,25 @@ def make_rl_update(
             # An estimator without value targets (grpo, rloo, ...): the critic regresses on the
             # Monte-Carlo return (GAE with V = 0, lambda = 1: the discounted trajectory reward).
             mc_cfg = AdvantageConfig(name="gae", gamma=adv_cfg.gamma, lam=1.0)
-            mc_inputs = inputs._replace(values=jnp.zeros_like(batch.loss_mask))
+            mc_inputs = inputs._replace(values=jnp.zeros_like(ep_mask))
             returns = compute_advantages("gae", mc_inputs, mc_cfg).returns
+        advantages = lay.to_rows(adv.advantages)
         batch = batch._replace(
-            advantages=adv.advantages,
-            returns=returns if returns is not None else batch.returns,
+            advantages=advantages,
+            returns=lay.to_rows(returns) if returns is not None else batch.returns,
         )
         ret = batch.returns
         mask = batch.loss_mask
         n_tok = jnp.maximum(jnp.sum(mask), 1.0)
-        adv_mean = jnp.sum(adv.advantages * mask) / n_tok
-        adv_abs = jnp.sum(jnp.abs(adv.advantages) * mask) / n_tok
+        adv_mean = jnp.sum(advantages * mask) / n_tok
+        adv_abs = jnp.sum(jnp.abs(advantages) * mask) / n_tok
 
         is_w, corr = None, None
         if old is not None and need_old:
             corr = rollout_correction(
-                old.logprobs, behaviour, mask, mode=loss_cfg.is_correction, cap=loss_cfg.is_cap
-            )
+                old.logprobs, behaviour, mask, mode=loss_cfg.is_correction, cap=loss_cfg.is_cap,
+                segment_ids=batch.segment_ids,
+            )  # fmt: skip
         if correct:
             # pi_old is the ratio's denominator; mu enters only through rho.
             batch = batch._replace(old_logprobs=old.logprobs)
@@ -229,8 +270,9 @@ def make_rl_update(
             if batch_sharding is not None:
                 mb = jax.lax.with_sharding_constraint(mb, batch_sharding)
             denom = aggregation_denominator(
-                mb.loss_mask, loss_cfg.agg_mode, max_len=loss_cfg.max_len_norm
-            )
+                mb.loss_mask, loss_cfg.agg_mode, max_len=loss_cfg.max_len_norm,
+                segment_ids=mb.segment_ids,
+            )  # fmt: skip
             inputs = RLLossInputs(denom=denom, ref_logprobs=ref_mb, is_weights=w_mb,
                                   old_values=v_mb)  # fmt: skip
             st, m = step(st, mb, inputs)
