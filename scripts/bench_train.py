@@ -143,6 +143,26 @@ def demo_steps(steps: int, tasks: int, group: int, seed: int = 0):
 # -- the benchmark ------------------------------------------------------------------------------
 
 
+def _setup(spec: dict, *, dtype: str, remat: bool, seed: int):
+    """A fresh Qwen2-shaped model of ``spec``: ``(cfg, graphdef, rest, tx, train state)``."""
+    from flax import nnx
+
+    from jaxrl_agents.models import ModelConfig, Transformer
+    from jaxrl_agents.training.step import OptimizerConfig, init_train_state
+
+    cfg = ModelConfig.from_hf_config(
+        dict(model_type="qwen2", tie_word_embeddings=True, max_position_embeddings=4096, **spec)
+    )
+    if dtype != "float32":
+        cfg = cfg.replace(dtype=dtype)
+    if remat:
+        cfg = cfg.replace(remat=True)
+    model = Transformer(cfg, rngs=nnx.Rngs(seed))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = OptimizerConfig(lr=1e-5, warmup_steps=1).build()
+    return cfg, graphdef, rest, tx, init_train_state(params, tx)
+
+
 def bench(
     name: str,
     *,
@@ -159,31 +179,17 @@ def bench(
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from flax import nnx
 
     from jaxrl_agents.algos import LossConfig
-    from jaxrl_agents.models import ModelConfig, Transformer
     from jaxrl_agents.rollout.packing import TrainBatch, bucket_for
     from jaxrl_agents.training.objectives import rl_loss
     from jaxrl_agents.training.step import (
         LossInputs,
-        OptimizerConfig,
-        init_train_state,
         make_train_step,
     )
 
     spec = MODELS[name]
-    cfg = ModelConfig.from_hf_config(
-        dict(model_type="qwen2", tie_word_embeddings=True, max_position_embeddings=4096, **spec)
-    )
-    if dtype != "float32":
-        cfg = cfg.replace(dtype=dtype)
-    if remat:
-        cfg = cfg.replace(remat=True)
-    model = Transformer(cfg, rngs=nnx.Rngs(seed))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = OptimizerConfig(lr=1e-5, warmup_steps=1).build()
-    state = init_train_state(params, tx)
+    cfg, graphdef, rest, tx, state = _setup(spec, dtype=dtype, remat=remat, seed=seed)
     loss_cfg = LossConfig(name="ppo_clip")
     step = make_train_step(graphdef, tx, rl_loss(loss_cfg, chunk=chunk or min(buckets)), rest=rest)
     compiled = step._cache_size  # programs in the jit cache (one per distinct batch shape)
@@ -277,33 +283,19 @@ def bench_packing(
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from flax import nnx
 
     from jaxrl_agents.algos import LossConfig
-    from jaxrl_agents.models import ModelConfig, Transformer
     from jaxrl_agents.rollout.packing import pack, plan_rows
     from jaxrl_agents.training.objectives import rl_loss
     from jaxrl_agents.training.step import (
         LossInputs,
-        OptimizerConfig,
-        init_train_state,
         make_train_step,
     )
 
     spec = dict(MODELS[name])
     demo_trajs, demo_buckets, demo_vocab = demo_steps(steps, *demo, seed=seed)
     spec["vocab_size"] = max(spec["vocab_size"], demo_vocab)
-    cfg = ModelConfig.from_hf_config(
-        dict(model_type="qwen2", tie_word_embeddings=True, max_position_embeddings=4096, **spec)
-    )
-    if dtype != "float32":
-        cfg = cfg.replace(dtype=dtype)
-    if remat:
-        cfg = cfg.replace(remat=True)
-    model = Transformer(cfg, rngs=nnx.Rngs(seed))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = OptimizerConfig(lr=1e-5, warmup_steps=1).build()
-    state = init_train_state(params, tx)
+    cfg, graphdef, rest, tx, state = _setup(spec, dtype=dtype, remat=remat, seed=seed)
     chunk = chunk or min(math.gcd(*buckets, *demo_buckets, demo_extra), 128)  # divides every row
     step = make_train_step(graphdef, tx, rl_loss(LossConfig(name="ppo_clip"), chunk=chunk),
                            rest=rest)  # fmt: skip
