@@ -13,7 +13,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def _run(script: str, *args: str, timeout: int = 300) -> dict:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {**os.environ, "XLA_FLAGS": os.environ["JAXRL_TEST_XLA_FLAGS_ONE_DEVICE"]}
     p = subprocess.run(
         [sys.executable, str(SCRIPTS / script), *args, "--json"],
         capture_output=True,
@@ -96,7 +96,7 @@ def test_bench_gpu_smoke_and_render(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"},
+        env={**os.environ, "XLA_FLAGS": os.environ["JAXRL_TEST_XLA_FLAGS_ONE_DEVICE"]},
     )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     data = json.loads(out.read_text())

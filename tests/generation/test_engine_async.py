@@ -222,7 +222,10 @@ def test_row_compacted_prefill_matches_all_rows(model):
     compact, got = run(None)
     full, ref = run(())
     assert compact.cfg.prefill_rows == (1, 2, 8) and full.cfg.prefill_rows == (8,)
-    assert set(full.row_counts) == {8} and {1, 2} <= set(compact.row_counts)
+    assert set(full.row_counts) == {8}
+    # which compact sizes occur depends on how admissions interleave with decode chunks (timing);
+    # what must hold is that every dispatch uses a ladder size and some dispatch used fewer rows
+    assert set(compact.row_counts) <= {1, 2, 8} and min(compact.row_counts) < 8
     for a, b in zip(got, ref, strict=True):
         for (ta, la), (tb, lb) in zip(a, b, strict=True):
             assert ta == tb

@@ -23,7 +23,7 @@ FAST = ["trainer=smoke", "sampler.max_slots=16", "rollout.group_size=2", "mesh=s
 
 
 def _env():
-    return {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+    return {**os.environ, "XLA_FLAGS": os.environ["JAXRL_TEST_XLA_FLAGS_ONE_DEVICE"],
             "PYTHONUNBUFFERED": "1"}  # fmt: skip
 
 

@@ -1,15 +1,20 @@
-"""Path matrix, whole jobs: every config file under configs/advantage and configs/loss runs a
+"""Path matrix, whole jobs: every config file under configs/advantage and configs/loss runs in a
 smoke job (2 SFT and 2 RL steps on the tiny model) through ``jaxrl-train``'s entry point (env and
 reward files: test_smoke_env_reward.py); the folders are enumerated, so a new file is covered
-automatically. Each run must finish, change the parameters and keep them finite, and every one of
-its trajectories must end with a reason."""
+automatically. Each job runs an advantage file with a loss file (``smoke_job.paired_jobs``; GAE
+with the critic's loss it needs). Each run must finish, change the parameters and keep them
+finite, and every one of its trajectories must end with a reason."""
 
 import pytest
-from smoke_job import files, smoke_job
+from smoke_job import files, paired_jobs, smoke_job
 
-FILES = files("advantage", "loss")
+JOBS = paired_jobs("advantage", "loss", needs={"gae": "ppo_value"})
 
 
-@pytest.mark.parametrize("group, name", FILES, ids=[f"{g}={n}" for g, n in FILES])
-def test_config_file_runs_a_smoke_job(group, name, tmp_path, monkeypatch):
-    smoke_job(group, name, tmp_path, monkeypatch)
+def test_every_file_is_in_a_job():
+    assert {o for job in JOBS for o in job} == {f"{g}={n}" for g, n in files("advantage", "loss")}
+
+
+@pytest.mark.parametrize("overrides", JOBS, ids=[",".join(j) for j in JOBS])
+def test_config_files_run_a_smoke_job(overrides, tmp_path, monkeypatch):
+    smoke_job(overrides, tmp_path, monkeypatch)

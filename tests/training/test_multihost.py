@@ -1,6 +1,7 @@
-"""Two local CPU processes under ``jax.distributed`` (gloo): the train step matches one process
-with the same global batch, and the whole job (SFT, RL, held-out evaluation) runs with each process
-doing its share of the episodes, identical weights everywhere, and the one-process result."""
+"""Two local CPU processes under ``jax.distributed`` (gloo): the whole job (SFT, RL, held-out
+evaluation) runs with each process doing its share of the episodes, identical weights everywhere,
+and the one-process result (the same SFT loss and token count, the same RL metrics, the same final
+weights: so the train step over the global mesh matches one process with the whole batch)."""
 
 import json
 import os
@@ -13,36 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-WORKER = Path(__file__).with_name("multihost_worker.py")
-
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _run(nproc: int, out: Path) -> None:
-    port = str(_free_port())
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(i), str(nproc), port, str(out)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(nproc)
-    ]
-    for p in procs:
-        try:
-            stdout, _ = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        assert p.returncode == 0, stdout[-4000:]
 
 
 def test_shares_of_work(monkeypatch):
@@ -56,15 +32,6 @@ def test_shares_of_work(monkeypatch):
     assert [D.uneven_share(n) for n in (3, 1)] == [slice(2, 3), slice(1, 1)]
     with pytest.raises(ValueError, match=r"trainer.tasks_per_step=3 .* processes \(2\)"):
         D.even_share(3, "trainer.tasks_per_step")
-
-
-def test_two_processes_match_one(tmp_path):
-    _run(1, tmp_path / "one.npz")
-    _run(2, tmp_path / "two.npz")
-    one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
-    assert sorted(one.files) == sorted(two.files)
-    for k in one.files:
-        np.testing.assert_allclose(one[k], two[k], rtol=2e-5, atol=2e-6, err_msg=k)
 
 
 # -- the whole job -------------------------------------------------------------------------------

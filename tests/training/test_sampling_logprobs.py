@@ -134,10 +134,11 @@ def test_learner_ratio_is_one_under_the_same_transform(rollout_setup):
     off = np.exp(np.asarray(plain.logprobs) - np.asarray(b.old_logprobs))[mask]
     assert np.max(np.abs(off - 1.0)) > 0.1
 
-    # The update program at the sampler's weights: ratio 1, no mismatch, nothing truncated.
+    # The update program at the sampler's weights: ratio 1, no mismatch, nothing truncated or
+    # masked by either correction (each also reports the plain ratio and mismatch).
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = OptimizerConfig(lr=1e-3, warmup_steps=0).build()
-    for correction in ("none", "tis_token", "mis_token"):
+    for correction in ("tis_token", "mis_token"):
         update = make_rl_update(
             graphdef, rest, tx, loss_cfg=LossConfig(name="ppo_clip", is_correction=correction),
             adv_cfg=AdvantageConfig(name="grpo"), epochs=1, minibatches=1, microbatches=1,

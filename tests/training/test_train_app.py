@@ -20,7 +20,7 @@ SMOKE = ["trainer=smoke", "sampler.max_slots=16", "rollout.group_size=2", "mesh=
 
 def _env():
     env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    env["XLA_FLAGS"] = os.environ["JAXRL_TEST_XLA_FLAGS_ONE_DEVICE"]
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
