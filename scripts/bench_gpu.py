@@ -239,8 +239,9 @@ def decode_bench(
 
 
 def train_bench(
-    res: Results, name: str, *, steps: int, batch: int, seq: int, remat: bool, section="train"
-):
+    res: Results, name: str, *, steps: int, batch: int, seq: int, remat: bool, section="train",
+    attention: str = "auto",
+):  # fmt: skip
     from bench_train import bench
 
     try:
@@ -252,14 +253,26 @@ def train_bench(
             dtype="bfloat16",
             chunk=min(seq, 256),
             remat=remat,
+            attention=attention,
         )
         r["jax_peak_bytes"] = _peak_device_bytes()
+        r["xla_flags"] = os.environ.get("XLA_FLAGS", "")
         res.add(section, r)
     except Exception:
-        res.error(f"{section} {name} seq={seq} remat={remat}")
+        res.error(f"{section} {name} seq={seq} remat={remat} attention={attention}")
 
 
 GPU_START, GPU_END = "<!-- gpu:start -->", "<!-- gpu:end -->"
+
+
+def _command_buffers(flags: str) -> str:
+    """A row label's note on XLA's command buffers (CUDA graphs) when the row's XLA_FLAGS set
+    them (``scripts/gpu_check.sh``'s graphs phase), else nothing (XLA's default)."""
+    for flag in flags.split():
+        if flag.startswith("--xla_gpu_enable_command_buffer="):
+            kinds = flag.split("=", 1)[1]
+            return f" cmd-buffers {'off' if not kinds else kinds.lower().replace(',', '+')}"
+    return ""
 
 
 def render(files: list[str]) -> str:
@@ -294,6 +307,8 @@ def render(files: list[str]) -> str:
                 else "-"
             )
             layers = " unrolled" if r.get("unrolled") else ""
+            layers += " pallas" if r.get("decode_attention") == "pallas" else ""
+            layers += _command_buffers(r.get("xla_flags", ""))
             hf_cols = (
                 f"{r['hf_tok_s']:.0f} | {r['ratio_vs_hf']:.2f}x" if hf else "- | -",
                 f"{r['hf_roofline_frac']:.1%}" if hf else "-",
@@ -310,15 +325,15 @@ def render(files: list[str]) -> str:
             "Train step (bf16 compute, fp32 params + AdamW, PPO-clip, 16k tokens per step, "
             "logprobs in 256-position chunks; MFU = 6 N tok/s / 989 TFLOP/s):",
             "",
-            "| run | model | batch x seq | remat | tok/s median (p10 / p90) | s/step | MFU "
-            "| peak device GB | compiles |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| run | model | batch x seq | remat | attention | tok/s median (p10 / p90) | s/step "
+            "| MFU | peak device GB | compiles |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in train:
             peak = f"{r['jax_peak_bytes'] / 1e9:.1f}" if r.get("jax_peak_bytes") else "-"
             out.append(
                 f"| [{r['run']}] | {r['model']} | {r['batch']} x {r['buckets'][0]} "
-                f"| {r.get('remat', False)} "
+                f"| {r.get('remat', False)} | {r.get('attention_kernel', '-')} "
                 f"| {r['tok_s']:.0f} ({r['tok_s_p10']:.0f} / {r['tok_s_p90']:.0f}) "
                 f"| {r['step_s_median']:.3f} | {r.get('mfu', 0):.1%} | {peak} | {r['compiles']} |"
             )
@@ -353,6 +368,20 @@ def main() -> None:
         choices=["reference", "pallas", "both"],
         default="reference",
         help="ModelConfig.decode_attention of the decode rows (both: one row each)",
+    )
+    ap.add_argument(
+        "--train-attention",
+        choices=["auto", "reference", "fused", "both"],
+        default="auto",
+        help="ModelConfig.attention of the train rows (auto: cuDNN fused on GPU; both: reference "
+        "and fused, one row each)",
+    )
+    ap.add_argument(
+        "--train-plan",
+        nargs="+",
+        metavar="MODEL:SEQ",
+        help="train rows as model:sequence pairs, 16384 tokens a step (default 0.5b:512 "
+        "0.5b:2048 1.5b:1024, and 1.5b:2048 with --remat)",
     )
     ap.add_argument("--models", nargs="+", choices=sorted(SHAPES), help="decode models")
     ap.add_argument("--batches", type=int, nargs="+", help="decode batch sizes (default 1 64 256)")
@@ -434,15 +463,21 @@ def main() -> None:
         plan = [("0.5b", 1024)] if args.quick else [("0.5b", 512), ("0.5b", 2048), ("1.5b", 1024)]
         if args.remat and not args.quick:
             plan.append(("1.5b", 2048))
+        if args.train_plan:
+            plan = [(p.split(":")[0], int(p.split(":")[1])) for p in args.train_plan]
+        kinds = ["reference", "fused"] if args.train_attention == "both" else [
+            args.train_attention]  # fmt: skip
         for name, seq in plan:
-            train_bench(
-                res,
-                name,
-                steps=5 if args.quick else 6,
-                batch=16384 // seq,
-                seq=seq,
-                remat=args.remat,
-            )
+            for kind in kinds:
+                train_bench(
+                    res,
+                    name,
+                    steps=5 if args.quick else 6,
+                    batch=16384 // seq,
+                    seq=seq,
+                    remat=args.remat,
+                    attention=kind,
+                )
     res.data["wall_s"] = time.time() - t0
     res.save()
     print(f"wrote {args.out} ({len(res.data['errors'])} errors)")

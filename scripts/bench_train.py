@@ -143,8 +143,9 @@ def demo_steps(steps: int, tasks: int, group: int, seed: int = 0):
 # -- the benchmark ------------------------------------------------------------------------------
 
 
-def _setup(spec: dict, *, dtype: str, remat: bool, seed: int):
-    """A fresh Qwen2-shaped model of ``spec``: ``(cfg, graphdef, rest, tx, train state)``."""
+def _setup(spec: dict, *, dtype: str, remat: bool, seed: int, attention: str = "auto"):
+    """A fresh Qwen2-shaped model of ``spec``: ``(cfg, graphdef, rest, tx, train state)``;
+    ``attention``: ``ModelConfig.attention`` (auto: fused on GPU, the reference einsums on CPU)."""
     from flax import nnx
 
     from jaxrl_agents.models import ModelConfig, Transformer
@@ -157,6 +158,7 @@ def _setup(spec: dict, *, dtype: str, remat: bool, seed: int):
         cfg = cfg.replace(dtype=dtype)
     if remat:
         cfg = cfg.replace(remat=True)
+    cfg = cfg.replace(attention=attention)
     model = Transformer(cfg, rngs=nnx.Rngs(seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = OptimizerConfig(lr=1e-5, warmup_steps=1).build()
@@ -173,9 +175,11 @@ def bench(
     seed: int = 0,
     chunk: int | None = None,
     remat: bool = False,
+    attention: str = "auto",
 ):
     """Cost vs sequence length (``scripts/bench_all.py``): random one-per-row batches of
-    lengths drawn from ``[min(buckets) / 2, max(buckets))``, every position counted."""
+    lengths drawn from ``[min(buckets) / 2, max(buckets))``, every position counted.
+    ``attention``: ``ModelConfig.attention`` (the row records which kernel it resolved to)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -189,7 +193,11 @@ def bench(
     )
 
     spec = MODELS[name]
-    cfg, graphdef, rest, tx, state = _setup(spec, dtype=dtype, remat=remat, seed=seed)
+    from jaxrl_agents.models.decoder import fused_attention
+
+    cfg, graphdef, rest, tx, state = _setup(
+        spec, dtype=dtype, remat=remat, seed=seed, attention=attention
+    )
     loss_cfg = LossConfig(name="ppo_clip")
     step = make_train_step(graphdef, tx, rl_loss(loss_cfg, chunk=chunk or min(buckets)), rest=rest)
     compiled = step._cache_size  # programs in the jit cache (one per distinct batch shape)
@@ -249,6 +257,8 @@ def bench(
         "dtype": dtype,
         "logprob_chunk": chunk or min(buckets),
         "remat": remat,
+        "attention": attention,
+        "attention_kernel": fused_attention(cfg) or "reference",
         "tok_s": statistics.median(tok_s),
         "tok_s_p10": float(np.percentile(tok_s, 10)),
         "tok_s_p90": float(np.percentile(tok_s, 90)),
