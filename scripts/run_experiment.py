@@ -36,10 +36,13 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
 
 
 def slug(variant: str) -> str:
-    return variant.replace(" ", ",").replace("/", "-") or "base"
+    """A variant's folder name, also a valid Hydra override value (no ``=``, ``,`` or space):
+    ``"advantage=turn_level loss=ppo_value"`` -> ``advantage-turn_level+loss-ppo_value``."""
+    name = "+".join(variant.split()).replace("=", "-").replace(",", "_").replace("/", "-")
+    return name or "base"
 
 
-def run(cmd: list[str], log: Path) -> None:
+def run_command(cmd: list[str], log: Path) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     t = time.time()
     with open(log, "w") as f:
@@ -51,7 +54,12 @@ def run(cmd: list[str], log: Path) -> None:
         raise SystemExit(f"failed: {' '.join(cmd)}\n" + "\n".join(tail))
 
 
-def train_and_eval(name: str, variant: str, seed: int, root: Path, quick: bool) -> dict:
+def train_and_eval(
+    name: str, variant: str, seed: int, root: Path, quick: bool, runner=None
+) -> dict:
+    """Train (unless the run folder is finished) and evaluate one (variant, seed); ``runner(cmd,
+    log)`` runs a ``python -m <module> ...`` command (default :func:`run_command`, a subprocess)."""
+    run = runner or run_command
     run_dir = root / slug(variant) / f"seed{seed}"
     py = [sys.executable, "-m"]
     overrides = [f"experiment={name}", f"seed={seed}", f"run_dir={run_dir}", *variant.split(),
@@ -81,6 +89,9 @@ def train_and_eval(name: str, variant: str, seed: int, root: Path, quick: bool) 
             env_steps += r.get("mean_turns", 0.0) * n_eps
         elif r["stage"] == "eval" and "validation_success" in r and r["step"] > 0:
             curve.append((env_steps, r["validation_success"]))
+    final = summary.get("rl_validation_success")  # the last step's is in the summary only
+    if final is not None and env_steps > 0 and (not curve or curve[-1][0] < env_steps):
+        curve.append((env_steps, final))
     return {
         "variant": variant or "base", "seed": seed, "run_dir": str(run_dir),
         "sft": summary["sft_heldout_success"], "rl": summary["rl_heldout_success"],

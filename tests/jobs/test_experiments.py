@@ -1,11 +1,13 @@
-"""Every ``experiment=<name>`` preset stays valid up to the first compile: composed through the
-CLI's config, built, and its oracle (with the annotator defect on) run through the start-up checks
-(limits, chat round trip). The fast variants that train a few steps (research 23 s, sql 15 s,
-travel 66 s on 2 cores) would put the suite over its time budget; ``python
-scripts/run_experiment.py <name> --quick --seeds 0`` runs them."""
+"""Every ``experiment=<name>`` preset stays valid: composed through the CLI's config, built, its
+oracle (with the annotator defect on) through the start-up checks (limits, chat round trip); and
+its fast variant (``scripts/run_experiment.py <name> --quick``: 4 SFT and 2 RL steps) runs the
+script's whole path, training, the side-by-side evaluation of SFT and RL, and the tables and
+curves, with the script's commands run in-process (their compiled programs shared)."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import pathlib
 import sys
 
@@ -13,6 +15,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
+import run_experiment  # noqa: E402
 from run_experiment import QUICK  # noqa: E402
 
 PRESETS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
@@ -35,3 +38,30 @@ def test_preset_passes_the_start_up_checks(name):
     assert any(v > 0 for v in cfg.env.oracle.values())  # the annotator defect is on
     need = asyncio.run(check_oracle_fits(build_train(cfg)))
     assert need["turns"] <= cfg.rollout.max_turns
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
+    def in_process(cmd, log):  # cmd: [python, -m, module, *args] as run_command would run it
+        module, args = cmd[2], cmd[3:]
+        monkeypatch.setattr(sys, "argv", [module, *args])
+        log.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            importlib.import_module(module).main()
+        except SystemExit as e:
+            pytest.fail(f"{module} {' '.join(args)}: exit {e.code}")
+
+    monkeypatch.chdir(tmp_path)  # Hydra's own output folders land here
+    root = tmp_path / "experiments" / name
+    variant = "mesh=single"  # the suite's process simulates 8 devices
+    result = run_experiment.train_and_eval(name, variant, 0, root, True, runner=in_process)
+    for key in ("sft", "rl"):
+        assert 0.0 <= result[key] <= 1.0, (key, result)
+    # validation after SFT and after each of the 2 RL steps, against environment steps
+    assert len(result["curve"]) == 3 and result["curve"][0][0] == 0.0
+    assert result["curve"][-1][0] > 0
+    report = json.loads((root / run_experiment.slug(variant) / "seed0" / "eval" / "report.json").read_text())
+    assert len(report["policies"]) == 2  # SFT and RL side by side, on the same held-out tasks
+    text = run_experiment.write(name, [result], root)
+    assert "| 0 |" in text and "mean change (points)" in text
+    assert (root / "results.json").exists() and (root / "curves.png").stat().st_size > 0
