@@ -60,7 +60,8 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
     # validation after SFT and after each of the 2 RL steps, against environment steps
     assert len(result["curve"]) == 3 and result["curve"][0][0] == 0.0
     assert result["curve"][-1][0] > 0
-    report = json.loads((root / run_experiment.slug(variant) / "seed0" / "eval" / "report.json").read_text())
+    run_dir = root / run_experiment.slug(variant) / "seed0"
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
     assert len(report["policies"]) == 2  # SFT and RL side by side, on the same held-out tasks
     text = run_experiment.write(name, [result], root)
     assert "| 0 |" in text and "mean change (points)" in text
