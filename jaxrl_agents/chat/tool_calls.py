@@ -176,6 +176,21 @@ def call_from_json(body: str, *, raw: str) -> ToolCall:
 def _tag_parser(open_tag: str, close_tag: str) -> ToolParser:
     """Parser for JSON calls wrapped in ``open_tag ... close_tag`` blocks (linear time)."""
 
+    orphan = f"{close_tag} without an opening {open_tag}: the call was not run"
+
+    def outside(piece: str, pieces: list[str], calls: list[ToolCall]) -> None:
+        """Text between blocks: a closer there ends a call whose opener is missing (a model that
+        drops the opener must not have its call taken for a final answer) -> an error call."""
+        p = 0
+        while (c := piece.find(close_tag, p)) != -1:
+            brace = piece.find("{", p, c)  # the call's body starts at its JSON object, if any
+            body_start = c if brace == -1 else brace
+            pieces.append(piece[p:body_start])
+            raw = piece[body_start : c + len(close_tag)]
+            calls.append(ToolCall(_guess_name(raw), arguments={}, raw=raw, error=orphan))
+            p = c + len(close_tag)
+        pieces.append(piece[p:])
+
     def parse(text: str, *, max_calls: int | None = None) -> tuple[str, list[ToolCall]]:
         pieces: list[str] = []
         calls: list[ToolCall] = []
@@ -184,7 +199,7 @@ def _tag_parser(open_tag: str, close_tag: str) -> ToolParser:
         start = text.find(open_tag)
         close = -2  # the first closer after the previous block (-1: none left)
         while start != -1:
-            pieces.append(text[pos:start])
+            outside(text[pos:start], pieces, calls)
             body_start = start + len(open_tag)
             reopen = text.find(open_tag, body_start)
             if close != -1 and close < body_start:
@@ -207,9 +222,9 @@ def _tag_parser(open_tag: str, close_tag: str) -> ToolParser:
                 calls.append(call_from_json(text[body_start:close].strip(), raw=text[start:stop]))
             pos = stop
             start = reopen if reopen == -1 or reopen >= stop else text.find(open_tag, stop)
+        outside(text[pos:], pieces, calls)
         if not calls:
             return text, []
-        pieces.append(text[pos:])
         # The newlines around blocks are markup; the template re-inserts them.
         return "".join(pieces).strip(), calls
 

@@ -96,8 +96,21 @@ def test_unterminated_blocks():
     assert "end of the turn" in last.error and last.name == "search"
 
 
-def test_stray_closing_tag_stays_in_content():
-    assert parse_tool_calls("done </tool_call>") == ("done </tool_call>", [])
+def test_a_closer_without_its_opener_is_an_error_call_not_an_answer():
+    """What a policy wrote after RL had taught it to drop the opener (experiments/sql): taken as
+    content, the turn would end the episode as a final answer and dodge the invalid-call
+    penalty; as an error call the env reports it and the episode goes on."""
+    text = '{"name": "list_tables", "arguments": {}}\n</tool_call>'
+    content, (call,) = parse_tool_calls(text)
+    assert content == "" and call.name == "list_tables" and call.raw == text
+    assert "</tool_call> without an opening <tool_call>" in call.error
+    good = block('{"name": "calculator", "arguments": {"expression": "1+1"}}')
+    text = f'Go. {{"name": "search"}}</tool_call> x</tool_call>{good} ok'
+    content, calls = parse_tool_calls(text)
+    assert content.startswith("Go. ") and "x" in content and content.endswith("ok")
+    assert [c.error is None for c in calls] == [False, False, True]
+    assert [c.name for c in calls] == ["search", "", "calculator"]
+    assert calls[1].raw == "</tool_call>"
 
 
 _pieces = st.sampled_from(
@@ -122,10 +135,13 @@ _pieces = st.sampled_from(
 def test_arbitrary_text_never_raises(parts):
     text = "".join(parts)
     content, calls = parse_tool_calls(text)
-    assert "<tool_call>" not in content  # every opener is consumed into a call
-    assert len(calls) == text.count("<tool_call>")
+    # every opener and every closer is consumed into a call (a closer without an opener too)
+    assert "<tool_call>" not in content and "</tool_call>" not in content
+    orphans = [c for c in calls if not c.raw.startswith("<tool_call>")]
+    assert len(calls) == text.count("<tool_call>") + len(orphans)
+    assert all(c.raw.endswith("</tool_call>") and "without an opening" in c.error for c in orphans)
     for i, c in enumerate(calls):
-        assert c.id == f"call_{i}" and c.raw.startswith("<tool_call>")
+        assert c.id == f"call_{i}"
         if c.error is None:
             assert c.name.strip() and isinstance(c.arguments, dict)
             assert c.raw.endswith("</tool_call>")
