@@ -21,8 +21,9 @@ error instead of executing it.
 
 Leniencies (documented deviations from the strictest reading): ``arguments`` may be a JSON *string*
 holding an object (OpenAI wire style), ``parameters`` is accepted for ``arguments`` (Llama style),
-and a call without ``arguments`` means ``{}``. A stray ``</tool_call>`` with no opener stays in the
-content.
+and a call without ``arguments`` means ``{}``. A ``</tool_call>`` with no opener before it is an
+error call (from its JSON object's ``{``, if any, to the closer; the text before stays content):
+a policy that drops the opener has attempted a call, which must not be taken for its answer.
 
 The ``llama3_json`` format is Llama 3.1-3.3's custom-tool one: the whole assistant turn is one JSON
 object ``{"name": ..., "parameters": {...}}`` (optionally after ``<|python_tag|>``; several
