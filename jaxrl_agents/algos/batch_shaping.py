@@ -2,7 +2,9 @@
 Yu et al. 2025), each reporting what it removed.
 
 * **Dynamic sampling.** A group whose rewards are all equal gives every group estimator zero
-  advantage: it costs a forward/backward pass and dilutes token-mean losses. Host side,
+  advantage: it costs a forward/backward pass and dilutes token-mean losses. Keyed on the
+  outcome instead (``by="outcome"``, DAPO's accuracy criterion), it also drops groups that
+  differ only in shaping terms, whose advantages would train the shaping alone. Host side,
   :func:`filter_zero_variance_groups` drops such groups and :class:`DynamicSampler` accumulates
   informative groups over several rollout rounds until a batch is full (DAPO's resample loop;
   the caller does the sampling). Device side, :func:`zero_variance_mask` returns a ``Float['B']``
@@ -49,19 +51,28 @@ def _groups(trajs: Sequence[Trajectory]) -> dict[int, list[Trajectory]]:
     return dict(groups)
 
 
-def _informative(group: list[Trajectory], min_std: float) -> bool:
-    rs = [t.reward for t in group]
+GROUP_KEYS = ("reward", "outcome")
+"""What a group must vary in to be kept: its total ``reward``, or its ``outcome`` (success, the
+env's answer check: DAPO's accuracy criterion). A group that fails every episode still varies in
+its shaping terms (step penalty, validity), which alone would then train the policy."""
+
+
+def _informative(group: list[Trajectory], min_std: float, by: str = "reward") -> bool:
+    rs = [t.reward for t in group] if by == "reward" else [float(t.success) for t in group]
     mean = sum(rs) / len(rs)
     std = (sum((r - mean) ** 2 for r in rs) / len(rs)) ** 0.5
     return len(rs) > 1 and std > min_std
 
 
 def filter_zero_variance_groups(
-    trajs: Sequence[Trajectory], *, min_std: float = 0.0
+    trajs: Sequence[Trajectory], *, min_std: float = 0.0, by: str = "reward"
 ) -> tuple[list[Trajectory], ShapingStats]:
-    """Keep groups (by ``group_id``) whose reward std exceeds ``min_std``; order is preserved."""
+    """Keep groups (by ``group_id``) whose std of ``by`` (:data:`GROUP_KEYS`) exceeds
+    ``min_std``; order is preserved."""
+    if by not in GROUP_KEYS:
+        raise ValueError(f"by={by!r}: groups are filtered by one of {GROUP_KEYS}")
     groups = _groups(trajs)
-    keep = {g for g, members in groups.items() if _informative(members, min_std)}
+    keep = {g for g, members in groups.items() if _informative(members, min_std, by)}
     kept = [t for t in trajs if t.group_id in keep]
     stats = ShapingStats(
         groups_in=len(groups),
@@ -79,17 +90,22 @@ class DynamicSampler:
     Give up after ``max_rounds`` (then ``take`` returns what it has; the caller decides).
     """
 
-    def __init__(self, *, target_groups: int, max_rounds: int = 4, min_std: float = 0.0):
+    def __init__(
+        self, *, target_groups: int, max_rounds: int = 4, min_std: float = 0.0, by: str = "reward"
+    ):
         if target_groups < 1 or max_rounds < 1:
             raise ValueError(f"target_groups={target_groups}, max_rounds={max_rounds} must be >= 1")
+        if by not in GROUP_KEYS:
+            raise ValueError(f"by={by!r}: groups are filtered by one of {GROUP_KEYS}")
         self.target_groups, self.max_rounds, self.min_std = target_groups, max_rounds, min_std
+        self.by = by
         self._groups: list[list[Trajectory]] = []
         self.rounds = 0
         self.stats = ShapingStats()
 
     def add(self, trajs: Sequence[Trajectory]) -> None:
         self.rounds += 1
-        kept, s = filter_zero_variance_groups(trajs, min_std=self.min_std)
+        kept, s = filter_zero_variance_groups(trajs, min_std=self.min_std, by=self.by)
         self.stats.groups_in += s.groups_in
         self.stats.groups_dropped += s.groups_dropped
         self.stats.trajectories_dropped += s.trajectories_dropped

@@ -29,6 +29,7 @@ class StepSource:
     group_size: int
     dynamic: bool = False
     max_rounds: int = 4
+    dynamic_on: str = "reward"  # trainer.dynamic_sampling_on
 
     def tasks(self, s: int) -> list:
         k = s * self.tasks_per_step
@@ -51,7 +52,9 @@ class StepSource:
             return roll, {}
         share = D.even_share(self.tasks_per_step, "trainer.tasks_per_step")
         target = share.stop - share.start
-        sampler = DynamicSampler(target_groups=target, max_rounds=self.max_rounds)
+        sampler = DynamicSampler(
+            target_groups=target, max_rounds=self.max_rounds, by=self.dynamic_on
+        )
         sampler.add(roll.trajectories)
         seconds, refills = roll.seconds, 0
         while not sampler.ready:

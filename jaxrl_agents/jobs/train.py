@@ -311,6 +311,7 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
     source = StepSource(
         collector, system.env, run.keys, run.train_tasks, tr.tasks_per_step, group,
         dynamic=tr.dynamic_sampling, max_rounds=tr.dynamic_max_rounds,
+        dynamic_on=tr.dynamic_sampling_on,
     )  # fmt: skip
     pushed = {"updates": start}  # RL updates reflected in the sampler's weights
 

@@ -13,7 +13,7 @@ from jaxrl_agents.algos import (
     overlong_rows,
     zero_variance_mask,
 )
-from jaxrl_agents.types import EndReason, Task, Trajectory, Turn
+from jaxrl_agents.types import EndReason, Task, Trajectory, Turn, Verdict
 
 
 def tr(group: int, reward: float, end=EndReason.ANSWERED, finish="stop") -> Trajectory:
@@ -74,6 +74,29 @@ def test_dynamic_sampler_accumulates_until_full():
     assert give_up.ready and give_up.take()[0] == []
     with pytest.raises(ValueError, match="target_groups=0"):
         DynamicSampler(target_groups=0)
+
+
+def test_outcome_keyed_groups_ignore_shaping_differences():
+    """All-failing groups whose rewards differ only by step penalties (the sql experiment's
+    collapse) are informative by reward but not by outcome; a group with a success is both."""
+
+    def ep(group, success, steps):
+        t = tr(group, (1.0 if success else -1.0) - 0.05 * steps)
+        t.verdict = Verdict(success=success)
+        return t
+
+    trajs = [ep(0, False, 1), ep(0, False, 4), ep(1, True, 3), ep(1, False, 3),
+             ep(2, True, 2), ep(2, True, 5)]  # fmt: skip
+    by_reward, _ = filter_zero_variance_groups(trajs)
+    by_outcome, stats = filter_zero_variance_groups(trajs, by="outcome")
+    assert sorted({t.group_id for t in by_reward}) == [0, 1, 2]
+    assert sorted({t.group_id for t in by_outcome}) == [1]
+    assert (stats.groups_in, stats.groups_dropped, stats.trajectories_dropped) == (3, 2, 4)
+    ds = DynamicSampler(target_groups=1, by="outcome")
+    ds.add(trajs)
+    assert ds.ready and {t.group_id for t in ds.take()[0]} == {1}
+    with pytest.raises(ValueError, match=r"by='accuracy'.*\('reward', 'outcome'\)"):
+        filter_zero_variance_groups(trajs, by="accuracy")
 
 
 def test_overlong_rows_are_masked_and_counted():

@@ -32,6 +32,7 @@ TRAIN = [
     (["reward.termz=[]"], ["'reward.termz'", "terms"]),
     (["reward.terms=[{name: outcome, weight: abc}]"], ["reward.terms", "weight", "abc"]),
     (["reward.terms=[{name: outcom}]"], ["reward.terms[0].name", "outcome"]),
+    (["trainer.dynamic_sampling_on=accuracy"], ["dynamic_sampling_on='accuracy'", "outcome"]),
     (["advantage.epz=1"], ["'advantage.epz'", "valid keys", "eps"]),
     (["advantage.gamma=2"], ["advantage.gamma", "[0, 1]"]),
     (["advantage.name=gpro"], ["advantage.name", "grpo"]),
