@@ -37,8 +37,9 @@ class ShapingStats:
     """What shaping removed, for logging."""
 
     groups_in: int = 0
-    groups_dropped: int = 0  # zero reward variance
+    groups_dropped: int = 0  # zero variance (of the reward, or of the outcome)
     trajectories_dropped: int = 0
+    fallback: int = 0  # 1: no round had an informative group; the last round is trained as is
 
     def as_metrics(self) -> dict[str, float]:
         return {f"shaping/{k}": float(v) for k, v in dataclasses.asdict(self).items()}
@@ -87,7 +88,11 @@ class DynamicSampler:
 
     ``add(round_trajs)`` after each round; ``ready`` says when to stop sampling; ``take()`` pops
     exactly ``target_groups`` groups (surplus groups are discarded, as in DAPO) and resets.
-    Give up after ``max_rounds`` (then ``take`` returns what it has; the caller decides).
+    Give up after ``max_rounds``: then ``take`` returns what it has, or, if no round held an
+    informative group, the last round's groups unfiltered (``stats.fallback = 1``), so a step
+    always has episodes to train on. Keyed on the reward, those groups have zero advantage (a
+    no-op update); keyed on the outcome, they train the shaping terms for that step, as without
+    dynamic sampling. A long run should not stop for one unlucky step.
     """
 
     def __init__(
@@ -100,11 +105,13 @@ class DynamicSampler:
         self.target_groups, self.max_rounds, self.min_std = target_groups, max_rounds, min_std
         self.by = by
         self._groups: list[list[Trajectory]] = []
+        self._last: list[Trajectory] = []
         self.rounds = 0
         self.stats = ShapingStats()
 
     def add(self, trajs: Sequence[Trajectory]) -> None:
         self.rounds += 1
+        self._last = list(trajs)
         kept, s = filter_zero_variance_groups(trajs, min_std=self.min_std, by=self.by)
         self.stats.groups_in += s.groups_in
         self.stats.groups_dropped += s.groups_dropped
@@ -118,7 +125,10 @@ class DynamicSampler:
     def take(self) -> tuple[list[Trajectory], ShapingStats]:
         out = [t for g in self._groups[: self.target_groups] for t in g]
         stats = dataclasses.replace(self.stats)
-        self._groups, self.rounds, self.stats = [], 0, ShapingStats()
+        if not out and self._last:
+            groups = list(_groups(self._last).values())[: self.target_groups]
+            out, stats.fallback = [t for g in groups for t in g], 1
+        self._groups, self._last, self.rounds, self.stats = [], [], 0, ShapingStats()
         return out, stats
 
 

@@ -6,17 +6,23 @@ fixed slice of the run's task stream) x ``rollout.group_size`` samples, REWARD a
 estimator) are dropped and fresh groups are sampled from a separate task stream until the step has
 ``tasks_per_step`` informative groups or ``trainer.dynamic_max_rounds`` rounds have run (DAPO's
 resample loop, ``algos.batch_shaping.DynamicSampler``); a step that still falls short trains on
-the groups it has, the rest of its rows masked, and says so in its counts.
+the groups it has, the rest of its rows masked, and says so in its counts. A step with no
+informative group at all trains its last round as is (``dynamic/fallback`` = 1, and a warning
+line): a week-long run does not stop for one unlucky step. ``trainer.dynamic_sampling_on``
+chooses what must vary: the total reward, or the outcome (DAPO's accuracy criterion).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from jaxrl_agents import distributed as D
 from jaxrl_agents.algos.batch_shaping import DynamicSampler
 from jaxrl_agents.rollout.collector import Rollout
+
+log = logging.getLogger("jaxrl_agents")
 
 
 @dataclasses.dataclass
@@ -65,6 +71,12 @@ class StepSource:
             sampler.add(more.trajectories)
             seconds, refills = seconds + more.seconds, refills + 1
         trajs, stats = sampler.take()
+        if stats.fallback:
+            log.warning(
+                "RL step %d: no group with a varying %s in trainer.dynamic_max_rounds=%d rounds; "
+                "training the last round's groups as sampled", s + 1, self.dynamic_on,
+                self.max_rounds,
+            )  # fmt: skip
         groups: dict[tuple[int, int], int] = {}
         for t in trajs:  # groups of several rounds: renumber 0..k-1 in order
             t.group_id = groups.setdefault((id(t.task), t.group_id), len(groups))
@@ -73,5 +85,6 @@ class StepSource:
             "dynamic/groups_dropped": float(stats.groups_dropped),
             "dynamic/refill_rounds": float(refills),
             "dynamic/groups_trained": float(len(groups)),
+            "dynamic/fallback": float(stats.fallback),
         }
         return Rollout(trajs, share.start, seconds), counts

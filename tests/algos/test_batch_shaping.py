@@ -69,9 +69,17 @@ def test_dynamic_sampler_accumulates_until_full():
     assert sorted({t.group_id for t in out}) == [1, 3, 4] and len(out) == 6
     assert (stats.groups_in, stats.groups_dropped) == (6, 2)
     assert ds.rounds == 0 and not ds.ready  # reset
-    give_up = DynamicSampler(target_groups=2, max_rounds=1)
+    # no informative group in max_rounds: the last round as is, flagged (a step never empties)
+    give_up = DynamicSampler(target_groups=2, max_rounds=2)
     give_up.add(batch({0: [1, 1]}))
-    assert give_up.ready and give_up.take()[0] == []
+    give_up.add(batch({7: [0, 0], 8: [1, 1], 9: [0, 0]}))
+    assert give_up.ready
+    out, stats = give_up.take()
+    assert sorted({t.group_id for t in out}) == [7, 8] and stats.fallback == 1
+    part = DynamicSampler(target_groups=2, max_rounds=1)  # some informative: those, no fallback
+    part.add(batch({0: [1, 1], 1: [0, 1]}))
+    out, stats = part.take()
+    assert {t.group_id for t in out} == {1} and stats.fallback == 0
     with pytest.raises(ValueError, match="target_groups=0"):
         DynamicSampler(target_groups=0)
 
