@@ -40,6 +40,8 @@ import platform
 import statistics
 import time
 
+import bench_sampler  # scripts/ is on sys.path when a script runs
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -162,19 +164,8 @@ async def _measure(engine, orch, tasks, env_cls, latency: float, repeats: int) -
     return times
 
 
-QWEN2_40M = dict(
-    model_type="qwen2",
-    vocab_size=32000,
-    hidden_size=512,
-    intermediate_size=1536,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    tie_word_embeddings=True,
-    max_position_embeddings=2048,
-)
-TINY = dict(QWEN2_40M, vocab_size=1200, hidden_size=128, intermediate_size=384, num_hidden_layers=2)
-TINY.update(num_attention_heads=4, num_key_value_heads=2)
+QWEN2_40M = dict(model_type="qwen2", **bench_sampler.BIG)  # the sampler benchmark's shapes
+TINY = dict(model_type="qwen2", **bench_sampler.TINY)
 
 
 def random_model(shape: dict):
