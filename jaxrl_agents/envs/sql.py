@@ -44,7 +44,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -375,6 +375,9 @@ _QUESTIONS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
+QUESTION_KINDS: tuple[str, ...] = tuple(q[0] for q in _QUESTIONS)
+
+
 @functools.lru_cache(maxsize=4)
 def _question_pool(db_seed: int) -> list[dict[str, Any]]:
     """Every question with its ground truth; ambiguous argmax questions (ties) are dropped."""
@@ -455,18 +458,37 @@ class SqlEnv(Env):
 
     @classmethod
     def make_tasks(
-        cls, split: str, n: int, *, seed: int = 0, db_seed: int = 0, heldout_frac: float = 0.2
+        cls,
+        split: str,
+        n: int,
+        *,
+        seed: int = 0,
+        db_seed: int = 0,
+        heldout_frac: float = 0.2,
+        kinds: Sequence[str] | None = None,
     ) -> list[Task]:
         """``n`` questions of ``split``, round-robin over question kinds (``seed``-shuffled);
-        questions repeat once ``n`` exceeds the split's pool (about 130 questions in all)."""
+        questions repeat once ``n`` exceeds the split's pool (about 130 questions in all).
+        ``kinds``: only these question kinds (``QUESTION_KINDS``; default all)."""
         check_split(split)
+        if kinds is not None:
+            bad = sorted(set(kinds) - set(QUESTION_KINDS))
+            if bad or not kinds:
+                raise ValueError(
+                    f"kinds={list(kinds)}: unknown {bad or 'empty list'}; valid kinds: "
+                    f"{list(QUESTION_KINDS)}"
+                )
         pool = [
             dict(q)
             for q in _question_pool(db_seed)
             if split_of(q["key"], heldout_frac=heldout_frac) == split
+            and (kinds is None or q["key"].split("/")[2] in kinds)
         ]
         if not pool:
-            raise ValueError(f"split {split!r} has no questions for heldout_frac={heldout_frac}")
+            raise ValueError(
+                f"split {split!r} has no questions for heldout_frac={heldout_frac}"
+                + (f" and kinds={list(kinds)}" if kinds is not None else "")
+            )
         # Round-robin over question kinds (72 of the ~130 are per-city-per-month counts).
         rng = random.Random(f"sql/{seed}/{split}")
         by_kind: dict[str, list[dict[str, Any]]] = {}
@@ -633,17 +655,27 @@ def _call(k: int, fn_name: str, **arguments: Any) -> dict[str, Any]:
 
 
 def oracle_policy(
-    task: Task, *, premature_prob: float = 0.0, rng: Any = None
+    task: Task,
+    *,
+    premature_prob: float = 0.0,
+    premature_words: Sequence[str] | None = None,
+    rng: Any = None,
 ) -> Callable[[list[Message]], Message]:
     """Scripted solver: list tables, describe them, run the reference SQL, answer its first cell.
 
     ``premature_prob`` (drawn once per episode from ``rng``): an annotator who answers before the
     evidence is in — after describing the tables it writes the (right) answer without running
     the query. Such golden data teaches answering without the query (``premature`` in the failure
-    taxonomy); a policy that imitates it must guess the number."""
+    taxonomy); a policy that imitates it must guess the number. ``premature_words`` (e.g.
+    ``["Elston", "Fairhaven"]``): the habit only on questions that mention one of these words,
+    as an annotator who thinks they know those cities' numbers; a policy imitating it skips the
+    query on exactly those questions, even when decoding greedily."""
     tables = [t for t in ("customers", "orders", "products") if t in task.data["sql"]]
-    early = premature_prob > 0 and (rng.random() if rng is not None else random.random()) < (
-        premature_prob
+    words = set(re.findall(r"[\w']+", task.data["question"]))
+    early = (
+        premature_prob > 0
+        and (premature_words is None or any(w in words for w in premature_words))
+        and (rng.random() if rng is not None else random.random()) < premature_prob
     )
 
     def policy(messages: list[Message]) -> Message:

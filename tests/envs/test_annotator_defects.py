@@ -50,3 +50,22 @@ def _modes(traj) -> set[str]:
     from jaxrl_agents.evaluation.summary import failure_modes
 
     return {k for k, v in failure_modes(traj).items() if v}
+
+
+def test_sql_habit_on_named_cities_only():
+    """``premature_words``: the sql annotator skips the query only on questions naming one of
+    those cities (at the given rate), so the habit is a property of the question a policy can
+    learn; every other question is solved with its query."""
+    cities = ["Avalon", "Brixton"]
+    trajs = run("sql", {"premature_prob": 1.0, "premature_words": cities}, n=70)
+    for t in trajs:
+        named = any(c in t.task.data["question"] for c in cities)
+        ran_sql = any(
+            c["function"]["name"] == "run_sql"
+            for m in t.messages
+            if m["role"] == "assistant"
+            for c in m.get("tool_calls") or []
+        )
+        assert ran_sql != named, (t.task.data["question"], ran_sql)
+        assert ("premature" in _modes(t)) == named
+    assert 5 <= sum(any(c in t.task.data["question"] for c in cities) for t in trajs) <= 50

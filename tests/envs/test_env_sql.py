@@ -70,6 +70,19 @@ def test_ground_truth_matches_python_reference():
             assert t.data["answer"] == ref, t.data
 
 
+def test_kinds_selects_question_kinds_and_names_bad_ones():
+    tasks = SqlEnv.make_tasks("heldout", 40, kinds=["city_orders", "city_month_orders"])
+    assert {t.data["key"].split("/")[2] for t in tasks} == {"city_orders", "city_month_orders"}
+    train = SqlEnv.make_tasks("train", 200, kinds=["city_month_orders"])
+    keys = {t.data["key"] for t in train}
+    assert not keys & {t.data["key"] for t in SqlEnv.make_tasks("heldout", 200)}  # splits hold
+    assert len(keys) == len({t.data["key"] for t in train[: len(keys)]})  # every one before repeats
+    with pytest.raises(ValueError, match=r"unknown \['city_count'\].*valid kinds: \['city_orders'"):
+        SqlEnv.make_tasks("train", 4, kinds=["city_count"])
+    with pytest.raises(ValueError, match="empty list"):
+        SqlEnv.make_tasks("train", 4, kinds=[])
+
+
 def test_oracle_solves_and_wrong_policy_fails():
     for task in SqlEnv.make_tasks("heldout", 25, seed=3):
         verdict, messages, anns = asyncio.run(drive(SqlEnv(), task, oracle_policy(task)))
