@@ -340,7 +340,11 @@ def check_run(cfg: RunConfig, env: EnvBinding) -> None:
         raise ConfigError(f"advantage.name={cfg.advantage.name}: {e}{hint}") from e
     if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
         raise ConfigError(f"model.path={cfg.model.path!r} is not a folder (a local HF checkpoint)")
-    if tr.sft_steps > 0 and tr.sft_oracle:  # SFT on the oracle's golden data needs one
+    if tr.sft_from is not None:  # RL from another run's SFT result: made the same way
+        from jaxrl_agents.jobs.restore import check_sft_source
+
+        check_sft_source(cfg)
+    elif tr.sft_steps > 0 and tr.sft_oracle:  # SFT on the oracle's golden data needs one
         env.oracle(cfg.env.oracle)
     nproc = jax.process_count()
     if tr.tasks_per_step % nproc:

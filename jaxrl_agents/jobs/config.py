@@ -145,6 +145,13 @@ class TrainerSpec:
     """Mix the env oracle's golden data (``sft_examples`` episodes) into the SFT pool; false: SFT
     trains on ``sft_data`` only. Batches are drawn uniformly over the pool (the oracle's episodes
     and the file's conversations together)."""
+    sft_from: str | None = None
+    """A finished run folder whose SFT result this run starts RL from, instead of training its
+    own: its ``@sft`` snapshot's policy weights are loaded (a critic this run adds starts fresh),
+    and the SFT evaluations run again here. Every setting that shapes the SFT result (``model``,
+    ``chat``, ``env``, ``seed`` and the ``trainer.sft_*`` fields) must equal that run's, or the
+    job stops naming the keys that differ; so RL recipes compare from one SFT result at a
+    fraction of the cost (``scripts/run_experiment.py --share-sft``). None: run SFT here."""
     sft_lr: float = 1e-3
     """Peak learning rate of SFT (the ``optimizer`` group's other fields apply; cosine decay over
     ``sft_steps``)."""
@@ -241,6 +248,8 @@ class TrainerSpec:
             )
         if self.sft_data is not None and not self.sft_data.strip():
             raise ValueError("sft_data='' is not a path: give a JSONL file or null")
+        if self.sft_from is not None and not self.sft_from.strip():
+            raise ValueError("sft_from='' is not a run folder: give one or null")
         if self.sft_steps > 0 and self.sft_data is None and not self.sft_oracle:
             raise ConfigError(
                 "trainer.sft_oracle=false and trainer.sft_data=null leave SFT "

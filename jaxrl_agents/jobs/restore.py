@@ -62,3 +62,78 @@ def load_policy(
     finally:
         ckpt.close()
     return nnx.merge(graphdef, state.params, rest), tokenizer, meta
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def sft_source_differences(cfg: RunConfig, src: RunConfig) -> list[str]:
+    """The settings that shape an SFT result (``model``, ``chat``, ``env``, ``seed``, the
+    ``trainer.sft_*`` fields) where ``cfg`` and ``src`` differ, one ``key: here vs there`` each."""
+    import dataclasses
+
+    def shaping(c: RunConfig) -> dict[str, Any]:
+        tr = {f"trainer.{k}": v for k, v in dataclasses.asdict(c.trainer).items()
+              if k.startswith("sft_") and k != "sft_from"}  # fmt: skip
+        return {**_flat({"model": dataclasses.asdict(c.model), "chat": dataclasses.asdict(c.chat),
+                         "env": dataclasses.asdict(c.env)}), "seed": c.seed, **tr}  # fmt: skip
+
+    here, there = shaping(cfg), shaping(src)
+    return [f"{k}: {here.get(k)!r} here, {there.get(k)!r} there"
+            for k in sorted(here.keys() | there.keys()) if here.get(k) != there.get(k)]  # fmt: skip
+
+
+def check_sft_source(cfg: RunConfig) -> int:
+    """``trainer.sft_from``: the run folder's newest SFT snapshot step, after checking that the
+    folder is a run with one and that its SFT was made with this run's SFT settings; raises
+    ``ConfigError`` naming what is wrong."""
+    from jaxrl_agents.jobs.config import ConfigError
+
+    where = f"trainer.sft_from={cfg.trainer.sft_from!r}"
+    try:
+        src = load_run_config(cfg.trainer.sft_from)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    diffs = sft_source_differences(cfg, src)
+    if diffs:
+        raise ConfigError(f"{where}: its SFT was made with other settings than this run's: "
+                          + "; ".join(diffs[:6]) + (" ..." if len(diffs) > 6 else ""))  # fmt: skip
+    (steps,) = kept_steps(cfg.trainer.sft_from, ("sft",))
+    if not steps:
+        raise ConfigError(f"{where}: that run has no SFT snapshot yet (checkpoints/sft is empty): "
+                          "let its SFT stage finish first")  # fmt: skip
+    return steps[-1]
+
+
+def sft_params_from(run_dir: str | Path, params: Any, *, mesh=None) -> Any:
+    """``params`` (this run's fresh policy state) with every entry the run folder's SFT snapshot
+    has replaced by the snapshot's value (same shapes and shardings); entries it lacks (a critic
+    this run adds) keep their fresh values."""
+    import jax
+    from flax import nnx
+
+    model, _, _ = load_policy(run_dir, which="sft", mesh=mesh)
+    _, src, _ = split_params(model)
+    src_flat = _flat(nnx.to_pure_dict(src))
+    pure = nnx.to_pure_dict(params)
+
+    def take(path: tuple, x: Any) -> Any:
+        key = ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
+        if key not in src_flat:
+            return x
+        y = src_flat[key]
+        if y.shape != x.shape or y.dtype != x.dtype:
+            raise ValueError(f"sft_from {run_dir}: {key} is {y.shape} {y.dtype} there, "
+                             f"{x.shape} {x.dtype} here")  # fmt: skip
+        return jax.device_put(y, x.sharding) if hasattr(x, "sharding") else y
+
+    merged = jax.tree_util.tree_map_with_path(take, pure)
+    out = jax.tree.map(lambda x: x, params)
+    nnx.replace_by_pure_dict(out, merged)
+    return out

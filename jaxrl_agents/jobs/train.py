@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -165,6 +166,16 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
         stage, step = meta["stage"], int(meta["stage_step"])
         run.logger.truncate_after(stage, step)  # rows logged after that checkpoint come again
         print(f"resuming from checkpoint: stage={stage} step={step}", flush=True)
+    if stage == "sft" and step == 0 and tr.sft_from is not None:
+        from jaxrl_agents.jobs.restore import check_sft_source, sft_params_from
+
+        src_step = check_sft_source(cfg)
+        params = sft_params_from(tr.sft_from, state.params, mesh=system.mesh)
+        state = run.fresh_state(params, run.sft_tx)
+        run.record.set("sft_from", {"run": str(Path(tr.sft_from).resolve()),
+                                    "sft_step": src_step})  # fmt: skip
+        print(f"SFT: not trained here; the policy of {tr.sft_from}@sft "
+              f"(step {src_step})", flush=True)  # fmt: skip
 
     async with system.engine(state.params) as engine:
         if stage == "sft":
@@ -213,7 +224,7 @@ async def _sft(
     run: _Run, state: TrainState, start: int, sft_file: SftFile | None = None
 ) -> TrainState:
     tr, system = run.tr, run.sys
-    if start >= tr.sft_steps:
+    if start >= tr.sft_steps or tr.sft_from is not None:
         return state
     # The pool: the oracle's golden episodes (trainer.sft_oracle), then the user's file
     # (trainer.sft_data, checked and encoded at start-up), both through the same chat path.

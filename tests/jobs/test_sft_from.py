@@ -1,0 +1,75 @@
+"""``trainer.sft_from``: RL recipes compared from one SFT result. A run started from another
+run's SFT snapshot trains no SFT of its own, evaluates exactly the policy that run's SFT made (the
+same held-out numbers, greedy), adds a fresh critic when its loss needs one, and refuses a source
+whose SFT was made with other settings, naming them. Through ``jaxrl-train``'s ``main()``
+in-process, as in ``test_run_folders``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+FAST = [
+    "trainer=smoke",
+    "sampler.max_slots=16",
+    "rollout.group_size=2",
+    "mesh=single",
+    "trainer.export=false",
+    "trainer.heldout_tasks=2",
+]
+
+
+def _main(argv, monkeypatch):
+    from jaxrl_agents.cli import train as cli
+
+    monkeypatch.setattr(sys, "argv", ["jaxrl-train", *argv])
+    try:
+        cli.main()
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def _stages(run):
+    return json.loads((run / "stages.json").read_text())
+
+
+def test_rl_from_another_runs_sft(tmp_path, monkeypatch, capsys):
+    src, dst = tmp_path / "base", tmp_path / "gae"
+    assert _main([*FAST, f"run_dir={src}"], monkeypatch) == 0
+    capsys.readouterr()
+    argv = [*FAST, f"run_dir={dst}", f"trainer.sft_from={src}", "advantage=gae", "loss=ppo_value"]
+    assert _main(argv, monkeypatch) == 0
+    out = capsys.readouterr().out
+    assert f"not trained here; the policy of {src}@sft" in out
+    a, b = _stages(src), _stages(dst)
+    assert b["sft_from"]["run"] == str(src.resolve()) and b["sft_from"]["sft_step"] == 4
+    assert "sft_data" not in b  # no SFT data was made or trained on here
+    # the same weights on the same held-out tasks, greedily: the same trajectories' numbers
+    for key in ("success", "mean_total_tokens", "mean_generated_tokens", "mean_turns"):
+        assert b["sft_eval"][key] == a["sft_eval"][key], key
+    rows = [json.loads(x) for x in (dst / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in rows if r.get("stage") == "sft"]  # no SFT steps logged
+    assert [r["step"] for r in rows if r.get("stage") == "rl"] == [1, 2]
+    assert all(r["vf_loss"] > 0 for r in rows if r.get("stage") == "rl")  # the critic trains
+
+
+def test_sft_from_refuses_other_sft_settings(tmp_path, monkeypatch, capsys):
+    src = tmp_path / "base"
+    assert _main([*FAST, f"run_dir={src}", "trainer.rl_steps=0"], monkeypatch) == 0
+    for extra, needle in [
+        (["trainer.sft_lr=0.002"], "trainer.sft_lr: 0.002 here, 0.001 there"),
+        (["seed=3"], "seed: 3 here, 0 there"),
+        (["env.oracle.premature_prob=0.5"], "env.oracle.premature_prob: 0.5 here, 0.9 there"),
+    ]:
+        argv = [*FAST, f"run_dir={tmp_path / 'x'}", f"trainer.sft_from={src}", *extra]
+        code = _main(argv, monkeypatch)
+        err = capsys.readouterr().err
+        assert code not in (0, None), extra
+        assert needle in err, err[-600:]
+    argv = [*FAST, f"run_dir={tmp_path / 'y'}", f"trainer.sft_from={tmp_path / 'nothing'}"]
+    assert _main(argv, monkeypatch) not in (0, None)
+    assert "trainer.sft_from=" in capsys.readouterr().err
+    assert not list(tmp_path.glob("[xy]/checkpoints"))  # stopped before anything was built
