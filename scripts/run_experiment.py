@@ -5,6 +5,7 @@
     python scripts/run_experiment.py research --variants advantage=grpo advantage=gigpo \\
         "advantage=turn_level loss=ppo_value"                        # credit assignment
     python scripts/run_experiment.py research --variants reward=dense reward=demo
+    python scripts/run_experiment.py sql --share-sft --variants "" advantage=grpo  # one SFT each seed
 
 Each (variant, seed) trains with ``jaxrl-train experiment=<name> seed=<s> <variant>`` in its own
 run folder ``experiments/<name>/<variant>/seed<s>`` (a rerun resumes it), then ``jaxrl-eval`` puts
@@ -55,15 +56,19 @@ def run_command(cmd: list[str], log: Path) -> None:
 
 
 def train_and_eval(
-    name: str, variant: str, seed: int, root: Path, quick: bool, runner=None
+    name: str, variant: str, seed: int, root: Path, quick: bool, runner=None,
+    sft_from: Path | None = None,
 ) -> dict:
     """Train (unless the run folder is finished) and evaluate one (variant, seed); ``runner(cmd,
-    log)`` runs a ``python -m <module> ...`` command (default :func:`run_command`, a subprocess)."""
+    log)`` runs a ``python -m <module> ...`` command (default :func:`run_command`, a subprocess);
+    ``sft_from``: a run folder whose SFT result RL starts from (``trainer.sft_from``)."""
     run = runner or run_command
     run_dir = root / slug(variant) / f"seed{seed}"
     py = [sys.executable, "-m"]
     overrides = [f"experiment={name}", f"seed={seed}", f"run_dir={run_dir}", *variant.split(),
                  *(QUICK if quick else [])]  # fmt: skip
+    if sft_from is not None:
+        overrides.append(f"trainer.sft_from={sft_from}")
     if not (run_dir / "summary.json").exists():
         run([*py, "jaxrl_agents.cli.train", *overrides], run_dir / "train_console.log")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -173,13 +178,20 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=[""], help="override sets, one per variant")
     ap.add_argument("--out", default="experiments")
     ap.add_argument("--quick", action="store_true", help="a few steps per run (smoke)")
+    ap.add_argument("--share-sft", action="store_true",
+                    help="the first variant trains SFT (pass \"\" first for the preset as it "
+                         "is); every other variant starts RL from its SFT result of the same "
+                         "seed (trainer.sft_from): RL recipes compared from one SFT, at the "
+                         "cost of their RL only")  # fmt: skip
     args = ap.parse_args()
     root = Path(args.out) / (args.experiment + ("_quick" if args.quick else ""))
     results = []
-    for variant in args.variants:
+    for i, variant in enumerate(args.variants):
         for seed in args.seeds:
             print(f"{args.experiment} [{variant or 'base'}] seed {seed}")
-            results.append(train_and_eval(args.experiment, variant, seed, root, args.quick))
+            src = root / slug(args.variants[0]) / f"seed{seed}" if args.share_sft and i else None
+            results.append(train_and_eval(args.experiment, variant, seed, root, args.quick,
+                                          sft_from=src))  # fmt: skip
     print(write(args.experiment, results, root))
 
 

@@ -66,3 +66,10 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
     text = run_experiment.write(name, [result], root)
     assert "| 0 |" in text and "mean change (points)" in text
     assert (root / "results.json").exists() and (root / "curves.png").stat().st_size > 0
+    if name == "sql":  # --share-sft: a reward-design variant's RL from this run's SFT result
+        other = run_experiment.train_and_eval(name, "mesh=single reward=dense", 0, root, True,
+                                              runner=in_process, sft_from=run_dir)  # fmt: skip
+        assert other["sft"] == result["sft"]  # the same SFT policy, evaluated again
+        stages = json.loads((pathlib.Path(other["run_dir"]) / "stages.json").read_text())
+        assert stages["sft_from"]["run"] == str(run_dir.resolve())
+        assert "partial_credit" in stages["rl_eval"]["reward_terms"]
