@@ -23,7 +23,7 @@ import math
 import random
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxrl_agents.envs.base import Env, EnvConfig, check_split, mentions, split_of
@@ -350,8 +350,17 @@ def _msg(k: int, name: str, arguments: dict[str, Any]) -> Message:
     return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
+QUESTION_KINDS = ("founder_city", "hq_country", "founder_country")
+
+
 def oracle_policy(
-    task: Task, *, cite: bool = True, premature_prob: float = 0.0, rng: Any = None
+    task: Task,
+    *,
+    cite: bool = True,
+    premature_prob: float = 0.0,
+    premature_kinds: Sequence[str] | None = None,
+    k: int = 5,
+    rng: Any = None,
 ) -> Callable[[list[Message]], Message]:
     """Scripted solver: for each hop, search the entity's name, pick its document from the results
     by title, open it; then answer with citations (``cite=False``: the same answer, uncited).
@@ -360,20 +369,37 @@ def oracle_policy(
     cross-check — after opening the first hop's document it answers at once, citing only that
     document (it knows the answer; the evidence for it is not in yet). Such golden data teaches
     an answer given before the evidence is in (``premature`` in the failure taxonomy; the verdict
-    fails on the missing citation, and a policy that imitates it must guess)."""
+    fails on the missing citation, and a policy that imitates it must guess).
+    ``premature_kinds`` (e.g. ``["hq_country"]``): the habit only on these question kinds, as an
+    annotator sure of where companies sit; a policy imitating it skips the second hop on exactly
+    those, even when decoding greedily. ``k``: the results it asks ``search`` for (1-10)."""
+    if premature_kinds is not None and set(premature_kinds) - set(QUESTION_KINDS):
+        raise ValueError(
+            f"premature_kinds={list(premature_kinds)}: unknown "
+            f"{sorted(set(premature_kinds) - set(QUESTION_KINDS))}; valid kinds: "
+            f"{list(QUESTION_KINDS)}"
+        )
+    if not 1 <= k <= 10:
+        raise ValueError(f"k={k}: the search tool takes 1-10 results")
     chain = task.data["chain"]
-    early = premature_prob > 0 and len(chain) > 1 and _draw(rng) < premature_prob
+    kind = task.data["key"].split("/")[2]
+    early = (
+        premature_prob > 0
+        and len(chain) > 1
+        and (premature_kinds is None or kind in premature_kinds)
+        and _draw(rng) < premature_prob
+    )
 
     def policy(messages: list[Message]) -> Message:
         tool_msgs = [m["content"] for m in messages if m["role"] == "tool"]
-        k = len(tool_msgs)
-        hop, phase = divmod(k, 2)
+        n = len(tool_msgs)
+        hop, phase = divmod(n, 2)
         if hop < (1 if early else len(chain)):
             if phase == 0:
-                return _msg(k, "search", {"query": chain[hop], "k": 5})
+                return _msg(n, "search", {"query": chain[hop], "k": k})
             titles = dict(re.findall(r"^\[(d\d{3})\] ([^:]+):", tool_msgs[-1], flags=re.M))
             doc_id = next((i for i, t in titles.items() if t == chain[hop]), "d000")
-            return _msg(k, "open", {"doc_id": doc_id})
+            return _msg(n, "open", {"doc_id": doc_id})
         opened = [m.splitlines()[0].split("]")[0] + "]" for m in tool_msgs[1::2]]
         refs = " ".join(opened) if cite else ""
         return {"role": "assistant", "content": f"{task.data['answer']} {refs}".strip()}

@@ -55,6 +55,10 @@ class EnvBinding:
                     f"{key}.{name}: {self.cls.__name__}'s oracle_policy has no such argument; "
                     f"valid: {', '.join(valid) or '(none)'}"
                 )
+        try:  # the values too, on one task, so a bad one stops at start-up in one line
+            fn(self.tasks("train", 1, seed=0)[0], **kw)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{key}: {e}") from e
         if rng is not None and accepts(fn, "rng"):
             kw["rng"] = rng
         return lambda task: fn(task, **kw)

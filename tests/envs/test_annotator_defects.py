@@ -11,7 +11,7 @@ import pytest
 
 from jaxrl_agents.evaluation.summary import summarize
 from jaxrl_agents.jobs.build import build_chat, resolve_env
-from jaxrl_agents.jobs.config import ChatSpec, EnvSpec
+from jaxrl_agents.jobs.config import ChatSpec, ConfigError, EnvSpec
 from jaxrl_agents.rollout import Collector, RolloutConfig, ScriptedEngine
 
 FREE = RolloutConfig(group_size=1, max_turns=24, max_new_tokens=4096, max_total_tokens=1 << 16)
@@ -69,3 +69,20 @@ def test_sql_habit_on_named_cities_only():
         assert ran_sql != named, (t.task.data["question"], ran_sql)
         assert ("premature" in _modes(t)) == named
     assert 5 <= sum(any(c in t.task.data["question"] for c in cities) for t in trajs) <= 50
+
+
+def test_research_habit_on_one_question_kind_only():
+    """``premature_kinds``: the research annotator skips the second hop only on the named kind;
+    ``k`` is the number of results it asks search for, and the oracle still solves the rest."""
+    trajs = run("research", {"premature_prob": 1.0, "premature_kinds": ["hq_country"], "k": 2})
+    for t in trajs:
+        kind = t.task.data["key"].split("/")[2]
+        opened = [m for m in t.messages if m["role"] == "tool" and m["name"] == "open"]
+        searches = [c["function"]["arguments"] for m in t.messages if m["role"] == "assistant"
+                    for c in m.get("tool_calls") or [] if c["function"]["name"] == "search"]
+        assert all(a["k"] == 2 for a in searches)
+        assert len(opened) == (1 if kind == "hq_country" else 2), kind
+        assert t.success == (kind != "hq_country")
+        assert ("premature" in _modes(t)) == (kind == "hq_country")
+    with pytest.raises(ConfigError, match=r"env.oracle: premature_kinds=\[.hq_city.\]: unknown"):
+        resolve_env(EnvSpec(name="research")).oracle({"premature_kinds": ["hq_city"]})
