@@ -375,7 +375,19 @@ _QUESTIONS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
-QUESTION_KINDS: tuple[str, ...] = tuple(q[0] for q in _QUESTIONS)
+# Opt-in kinds (``make_tasks(kinds=[...])`` only, not in the default mix): simpler variants for a
+# small policy. ``city_ym_orders`` is ``city_month_orders`` with the month as the number the SQL
+# needs (``2023-09``), so the query is filled by copying from the question, not by a lookup.
+_EXTRA_QUESTIONS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "city_ym_orders",
+        "How many orders did customers from {city} place in 2023-{mm}?",
+        _QUESTIONS[1][2],
+        "int",
+    ),
+)
+DEFAULT_KINDS: tuple[str, ...] = tuple(q[0] for q in _QUESTIONS)
+QUESTION_KINDS: tuple[str, ...] = DEFAULT_KINDS + tuple(q[0] for q in _EXTRA_QUESTIONS)
 
 
 @functools.lru_cache(maxsize=4)
@@ -385,12 +397,12 @@ def _question_pool(db_seed: int) -> list[dict[str, Any]]:
     conn = connect_readonly(database_path(db_seed))
     pool = []
     try:
-        for kind, text, sql, answer_type in _QUESTIONS:
+        for kind, text, sql, answer_type in _QUESTIONS + _EXTRA_QUESTIONS:
             fields = set(re.findall(r"{(\w+)}", text))
             grid: list[dict[str, Any]] = [{}]
             if "city" in fields:
                 grid = [{**g, "city": c} for g in grid for c in CITIES]
-            if "month" in fields:
+            if fields & {"month", "mm"}:
                 grid = [
                     {**g, "month": m, "mm": f"{i + 1:02d}"}
                     for g in grid
@@ -469,7 +481,8 @@ class SqlEnv(Env):
     ) -> list[Task]:
         """``n`` questions of ``split``, round-robin over question kinds (``seed``-shuffled);
         questions repeat once ``n`` exceeds the split's pool (about 130 questions in all).
-        ``kinds``: only these question kinds (``QUESTION_KINDS``; default all)."""
+        ``kinds``: only these question kinds (``QUESTION_KINDS``; default ``DEFAULT_KINDS``, all
+        but the opt-in ``city_ym_orders``)."""
         check_split(split)
         if kinds is not None:
             bad = sorted(set(kinds) - set(QUESTION_KINDS))
@@ -482,7 +495,7 @@ class SqlEnv(Env):
             dict(q)
             for q in _question_pool(db_seed)
             if split_of(q["key"], heldout_frac=heldout_frac) == split
-            and (kinds is None or q["key"].split("/")[2] in kinds)
+            and q["key"].split("/")[2] in (DEFAULT_KINDS if kinds is None else kinds)
         ]
         if not pool:
             raise ValueError(

@@ -36,7 +36,9 @@ def _reference(data) -> object:
     cat = next((c for c in {p[2] for p in prod.values()} if f" {c} " in q), None)
     if kind == "city_orders":
         return sum(cust[o[1]][2] == city for o in orders)
-    if kind == "city_month_orders":
+    if kind == "city_ym_orders":  # "... in 2023-09?"
+        month = int(q.rsplit("-", 1)[1].rstrip("?"))
+    if kind in ("city_month_orders", "city_ym_orders"):
         return sum(cust[o[1]][2] == city and int(o[4][5:7]) == month for o in orders)
     if kind == "category_revenue":
         return round(sum(o[3] * prod[o[2]][3] for o in orders if prod[o[2]][2] == cat), 2)
@@ -61,7 +63,8 @@ def _reference(data) -> object:
 def test_ground_truth_matches_python_reference():
     tasks = SqlEnv.make_tasks("train", 100) + SqlEnv.make_tasks("heldout", 30)
     kinds = Counter(t.data["key"].split("/")[2] for t in tasks)
-    assert len(kinds) == 7, kinds  # every question kind is covered
+    assert len(kinds) == 7, kinds  # every default question kind is covered
+    tasks += SqlEnv.make_tasks("train", 20, kinds=["city_ym_orders"])  # the opt-in kind too
     for t in tasks:
         ref = _reference(t.data)
         if isinstance(ref, float):
