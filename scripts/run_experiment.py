@@ -5,7 +5,7 @@
     python scripts/run_experiment.py research --variants advantage=grpo advantage=gigpo \\
         "advantage=turn_level loss=ppo_value"                        # credit assignment
     python scripts/run_experiment.py research --variants reward=dense reward=demo
-    python scripts/run_experiment.py sql --share-sft --variants "" advantage=grpo  # one SFT each seed
+    python scripts/run_experiment.py sql --share-sft --variants "" advantage=grpo  # one SFT a seed
 
 Each (variant, seed) trains with ``jaxrl-train experiment=<name> seed=<s> <variant>`` in its own
 run folder ``experiments/<name>/<variant>/seed<s>`` (a rerun resumes it), then ``jaxrl-eval`` puts
@@ -56,7 +56,12 @@ def run_command(cmd: list[str], log: Path) -> None:
 
 
 def train_and_eval(
-    name: str, variant: str, seed: int, root: Path, quick: bool, runner=None,
+    name: str,
+    variant: str,
+    seed: int,
+    root: Path,
+    quick: bool,
+    runner=None,
     sft_from: Path | None = None,
 ) -> dict:
     """Train (unless the run folder is finished) and evaluate one (variant, seed); ``runner(cmd,

@@ -78,8 +78,13 @@ def test_research_habit_on_one_question_kind_only():
     for t in trajs:
         kind = t.task.data["key"].split("/")[2]
         opened = [m for m in t.messages if m["role"] == "tool" and m["name"] == "open"]
-        searches = [c["function"]["arguments"] for m in t.messages if m["role"] == "assistant"
-                    for c in m.get("tool_calls") or [] if c["function"]["name"] == "search"]
+        searches = [
+            c["function"]["arguments"]
+            for m in t.messages
+            if m["role"] == "assistant"
+            for c in m.get("tool_calls") or []
+            if c["function"]["name"] == "search"
+        ]
         assert all(a["k"] == 2 for a in searches)
         assert len(opened) == (1 if kind == "hq_country" else 2), kind
         assert t.success == (kind != "hq_country")

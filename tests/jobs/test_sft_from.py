@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import sys
 
-import pytest
-
 FAST = [
     "trainer=smoke",
     "sampler.max_slots=16",
