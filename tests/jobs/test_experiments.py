@@ -63,6 +63,12 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
     run_dir = root / run_experiment.slug(variant) / "seed0"
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     assert len(report["policies"]) == 2  # SFT and RL side by side, on the same held-out tasks
+    cfg = json.loads((run_dir / "config.json").read_text())
+    if cfg["env"]["tasks"].get("kinds"):  # the report's tasks come from the run's generator
+        trajs = (run_dir / "eval").glob("trajectories_*.jsonl")
+        kinds = {json.loads(x)["task"]["data"]["key"].split("/")[2]
+                 for f in trajs for x in f.read_text().splitlines()}  # fmt: skip
+        assert kinds and kinds <= set(cfg["env"]["tasks"]["kinds"]), kinds
     text = run_experiment.write(name, [result], root)
     assert "| 0 |" in text and "mean change (points)" in text
     assert (root / "results.json").exists() and (root / "curves.png").stat().st_size > 0
