@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from jaxrl_agents.envs.tools import ToolBox
@@ -254,6 +255,17 @@ def split_of(key: str, *, heldout_frac: float = 0.2) -> str:
 def check_split(split: str) -> None:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
+
+
+def check_kinds(name: str, kinds: Any, valid: Sequence[str], *, allow_empty: bool = True) -> None:
+    """``ValueError`` naming ``name``'s unknown question kinds (or an empty list, unless
+    ``allow_empty``) and the valid ones; ``None`` (every kind) passes."""
+    if kinds is None:
+        return
+    bad = sorted(set(kinds) - set(valid))
+    if bad or not (kinds or allow_empty):
+        raise ValueError(f"{name}={list(kinds)}: unknown {bad or 'empty list'}; valid kinds: "
+                         f"{list(valid)}")  # fmt: skip
 
 
 def calls_from_message(message: Message) -> list[ToolCall]:

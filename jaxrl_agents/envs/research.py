@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxrl_agents.envs.base import Env, EnvConfig, check_split, mentions, split_of
+from jaxrl_agents.envs.base import Env, EnvConfig, check_kinds, check_split, mentions, split_of
 from jaxrl_agents.envs.tools import ToolError, tool
 from jaxrl_agents.types import Ann, Message, Task, Verdict
 
@@ -373,12 +373,7 @@ def oracle_policy(
     ``premature_kinds`` (e.g. ``["hq_country"]``): the habit only on these question kinds, as an
     annotator sure of where companies sit; a policy imitating it skips the second hop on exactly
     those, even when decoding greedily. ``k``: the results it asks ``search`` for (1-10)."""
-    if premature_kinds is not None and set(premature_kinds) - set(QUESTION_KINDS):
-        raise ValueError(
-            f"premature_kinds={list(premature_kinds)}: unknown "
-            f"{sorted(set(premature_kinds) - set(QUESTION_KINDS))}; valid kinds: "
-            f"{list(QUESTION_KINDS)}"
-        )
+    check_kinds("premature_kinds", premature_kinds, QUESTION_KINDS)
     if not 1 <= k <= 10:
         raise ValueError(f"k={k}: the search tool takes 1-10 results")
     chain = task.data["chain"]

@@ -48,7 +48,15 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxrl_agents.envs.base import Env, EnvConfig, check_split, last_number, mentions, split_of
+from jaxrl_agents.envs.base import (
+    Env,
+    EnvConfig,
+    check_kinds,
+    check_split,
+    last_number,
+    mentions,
+    split_of,
+)
 from jaxrl_agents.envs.tools import ToolError, tool, tool_deadline
 from jaxrl_agents.types import Ann, Message, Task, Verdict
 
@@ -484,13 +492,7 @@ class SqlEnv(Env):
         ``kinds``: only these question kinds (``QUESTION_KINDS``; default ``DEFAULT_KINDS``, all
         but the opt-in ``city_ym_orders``)."""
         check_split(split)
-        if kinds is not None:
-            bad = sorted(set(kinds) - set(QUESTION_KINDS))
-            if bad or not kinds:
-                raise ValueError(
-                    f"kinds={list(kinds)}: unknown {bad or 'empty list'}; valid kinds: "
-                    f"{list(QUESTION_KINDS)}"
-                )
+        check_kinds("kinds", kinds, QUESTION_KINDS, allow_empty=False)
         pool = [
             dict(q)
             for q in _question_pool(db_seed)
