@@ -64,25 +64,18 @@ def load_policy(
     return nnx.merge(graphdef, state.params, rest), tokenizer, meta
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
 def sft_source_differences(cfg: RunConfig, src: RunConfig) -> list[str]:
     """The settings that shape an SFT result (``model``, ``chat``, ``env``, ``seed``, the
     ``trainer.sft_*`` fields) where ``cfg`` and ``src`` differ, one ``key: here vs there`` each."""
     import dataclasses
 
+    from flax.traverse_util import flatten_dict
+
     def shaping(c: RunConfig) -> dict[str, Any]:
         tr = {f"trainer.{k}": v for k, v in dataclasses.asdict(c.trainer).items()
               if k.startswith("sft_") and k != "sft_from"}  # fmt: skip
-        return {**_flat({"model": dataclasses.asdict(c.model), "chat": dataclasses.asdict(c.chat),
-                         "env": dataclasses.asdict(c.env)}), "seed": c.seed, **tr}  # fmt: skip
+        groups = {g: dataclasses.asdict(getattr(c, g)) for g in ("model", "chat", "env")}
+        return {**flatten_dict(groups, sep="."), "seed": c.seed, **tr}
 
     here, there = shaping(cfg), shaping(src)
     return [f"{k}: {here.get(k)!r} here, {there.get(k)!r} there"
@@ -117,20 +110,21 @@ def sft_params_from(run_dir: str | Path, params: Any, *, mesh=None) -> Any:
     this run adds) keep their fresh values."""
     import jax
     from flax import nnx
+    from flax.traverse_util import flatten_dict
 
     model, _, _ = load_policy(run_dir, which="sft", mesh=mesh)
     _, src, _ = split_params(model)
-    src_flat = _flat(nnx.to_pure_dict(src))
+    src_flat = flatten_dict(nnx.to_pure_dict(src))
     pure = nnx.to_pure_dict(params)
 
     def take(path: tuple, x: Any) -> Any:
-        key = ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
+        key = tuple(getattr(p, "key", getattr(p, "idx", p)) for p in path)
         if key not in src_flat:
             return x
         y = src_flat[key]
         if y.shape != x.shape or y.dtype != x.dtype:
-            raise ValueError(f"sft_from {run_dir}: {key} is {y.shape} {y.dtype} there, "
-                             f"{x.shape} {x.dtype} here")  # fmt: skip
+            raise ValueError(f"sft_from {run_dir}: {'.'.join(map(str, key))} is {y.shape} "
+                             f"{y.dtype} there, {x.shape} {x.dtype} here")  # fmt: skip
         return jax.device_put(y, x.sharding) if hasattr(x, "sharding") else y
 
     merged = jax.tree_util.tree_map_with_path(take, pure)
