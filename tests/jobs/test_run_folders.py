@@ -17,9 +17,8 @@ import time
 
 import numpy as np
 import pytest
-
-FAST = ["trainer=smoke", "sampler.max_slots=16", "rollout.group_size=2", "mesh=single",
-        "trainer.export=false", "trainer.heldout_tasks=2"]  # fmt: skip
+from train_cli import FAST
+from train_cli import main_in_process as _main
 
 
 def _env():
@@ -31,17 +30,6 @@ def _cli(*args, cwd=None, timeout=400):
     cmd = [sys.executable, "-m", "jaxrl_agents.cli.train", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=cwd,
                           timeout=timeout)  # fmt: skip
-
-
-def _main(argv, monkeypatch):
-    from jaxrl_agents.cli import train as cli
-
-    monkeypatch.setattr(sys, "argv", ["jaxrl-train", *argv])
-    try:
-        cli.main()
-    except SystemExit as e:
-        return e.code
-    return 0
 
 
 def test_multirun_jobs_get_their_own_folders(tmp_path):

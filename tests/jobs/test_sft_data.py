@@ -16,31 +16,11 @@ import hashlib
 import json
 import math
 import shutil
-import sys
 
 import numpy as np
 import pytest
-
-FAST = [
-    "trainer=smoke",
-    "sampler.max_slots=16",
-    "rollout.group_size=2",
-    "mesh=single",
-    "trainer.export=false",
-    "trainer.heldout_tasks=2",
-]  # as in test_run_folders
-
-
-def _main(argv, monkeypatch):
-    """``jaxrl-train`` in-process: its exit code."""
-    from jaxrl_agents.cli import train as cli
-
-    monkeypatch.setattr(sys, "argv", ["jaxrl-train", *argv])
-    try:
-        cli.main()
-    except SystemExit as e:
-        return e.code
-    return 0
+from train_cli import FAST
+from train_cli import main_in_process as _main
 
 
 def _hand_written(tools):

@@ -2,32 +2,14 @@
 run's SFT snapshot trains no SFT of its own, evaluates exactly the policy that run's SFT made (the
 same held-out numbers, greedy), adds a fresh critic when its loss needs one, and refuses a source
 whose SFT was made with other settings, naming them. Through ``jaxrl-train``'s ``main()``
-in-process, as in ``test_run_folders``."""
+in-process, as in ``train_cli``."""
 
 from __future__ import annotations
 
 import json
-import sys
 
-FAST = [
-    "trainer=smoke",
-    "sampler.max_slots=16",
-    "rollout.group_size=2",
-    "mesh=single",
-    "trainer.export=false",
-    "trainer.heldout_tasks=2",
-]
-
-
-def _main(argv, monkeypatch):
-    from jaxrl_agents.cli import train as cli
-
-    monkeypatch.setattr(sys, "argv", ["jaxrl-train", *argv])
-    try:
-        cli.main()
-    except SystemExit as e:
-        return e.code
-    return 0
+from train_cli import FAST
+from train_cli import main_in_process as _main
 
 
 def _stages(run):
