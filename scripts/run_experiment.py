@@ -80,14 +80,9 @@ def train_and_eval(
     cfg = json.loads((run_dir / "config.json").read_text())
     out = run_dir / "eval"
     if not (out / "report.json").exists():
-        # the run's own task generator and env options, so the report's held-out tasks are the
-        # ones the run was evaluated on (e.g. sql's env.tasks.kinds)
-        env = [f"env={cfg['env']['name']}"] + [
-            f"++env.{group}.{k}={json.dumps(v)}"
-            for group in ("tasks", "options")
-            for k, v in cfg["env"].get(group, {}).items()
-        ]
-        ev = [f"policies=[{run_dir}@sft,{run_dir}@latest]", *env, f"out={out}",
+        # no env=: jaxrl-eval takes the run's own env (its task generator, options, oracle), so
+        # the report's held-out tasks are the ones the run was evaluated on
+        ev = [f"policies=[{run_dir}@sft,{run_dir}@latest]", f"out={out}",
               f"tasks={cfg['trainer']['heldout_tasks']}", f"seed={seed}",
               f"rollout.max_turns={cfg['rollout']['max_turns']}",
               f"rollout.max_new_tokens={cfg['rollout']['max_new_tokens']}",
