@@ -383,9 +383,11 @@ _QUESTIONS: tuple[tuple[str, str, str, str], ...] = (
 )
 
 
-# Opt-in kinds (``make_tasks(kinds=[...])`` only, not in the default mix): simpler variants for a
-# small policy. ``city_ym_orders`` is ``city_month_orders`` with the month as the number the SQL
-# needs (``2023-09``), so the query is filled by copying from the question, not by a lookup.
+# Opt-in kinds (``make_tasks(kinds=[...])`` only, not in the default mix): variants for a small
+# policy. ``city_ym_orders`` is ``city_month_orders`` with the month as the number the SQL needs
+# (``2023-09``), so the query is filled by copying from the question, not by a lookup; its 72
+# questions are few enough to memorize. ``city_range_orders`` draws a date range per question
+# (RANGE_QUESTIONS of them), so only copying the dates answers the held-out ones.
 _EXTRA_QUESTIONS: tuple[tuple[str, str, str, str], ...] = (
     (
         "city_ym_orders",
@@ -393,19 +395,42 @@ _EXTRA_QUESTIONS: tuple[tuple[str, str, str, str], ...] = (
         _QUESTIONS[1][2],
         "int",
     ),
+    (
+        "city_range_orders",
+        "How many orders did customers from {city} place between {d1} and {d2}?",
+        "SELECT COUNT(*) FROM orders o JOIN customers c ON c.customer_id = o.customer_id "
+        "WHERE c.city = :city AND o.order_date BETWEEN :d1 AND :d2",
+        "int",
+    ),
 )
+RANGE_QUESTIONS = 5000
+"""``city_range_orders`` draws this many (city, date range) questions per ``db_seed``, too many
+to memorize, so a policy that answers held-out ones must copy the dates into its query."""
 DEFAULT_KINDS: tuple[str, ...] = tuple(q[0] for q in _QUESTIONS)
 QUESTION_KINDS: tuple[str, ...] = DEFAULT_KINDS + tuple(q[0] for q in _EXTRA_QUESTIONS)
 
 
-@functools.lru_cache(maxsize=4)
-def _question_pool(db_seed: int) -> list[dict[str, Any]]:
-    """Every question with its ground truth; ambiguous argmax questions (ties) are dropped."""
+def _date_ranges(db_seed: int, n: int) -> list[tuple[str, str]]:
+    """``n`` (start, end) date pairs in 2023, start <= end (deterministic in ``db_seed``)."""
+    rng = random.Random(f"sql-ranges/{db_seed}")
+    out = []
+    for _ in range(n):
+        a, b = sorted((rng.randint(1, 12), rng.randint(1, 28)) for _ in range(2))
+        out.append((f"2023-{a[0]:02d}-{a[1]:02d}", f"2023-{b[0]:02d}-{b[1]:02d}"))
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _question_pool(db_seed: int, kinds: tuple[str, ...] = DEFAULT_KINDS) -> list[dict[str, Any]]:
+    """Every question of ``kinds`` with its ground truth; ambiguous argmax questions (ties) are
+    dropped."""
     products = [r[1] for r in generate_rows(db_seed)["products"]]
     conn = connect_readonly(database_path(db_seed))
     pool = []
     try:
         for kind, text, sql, answer_type in _QUESTIONS + _EXTRA_QUESTIONS:
+            if kind not in kinds:
+                continue
             fields = set(re.findall(r"{(\w+)}", text))
             grid: list[dict[str, Any]] = [{}]
             if "city" in fields:
@@ -420,6 +445,11 @@ def _question_pool(db_seed: int) -> list[dict[str, Any]]:
                 grid = [{**g, "category": c} for g in grid for c in CATEGORIES]
             if "product" in fields:
                 grid = [{**g, "product": p} for g in grid for p in products]
+            if "d1" in fields:  # sampled, not gridded: one range per question
+                ranges = _date_ranges(db_seed, RANGE_QUESTIONS)
+                grid = [
+                    {**grid[i % len(grid)], "d1": a, "d2": b} for i, (a, b) in enumerate(ranges)
+                ]
             for params in grid:
                 rows = conn.execute(sql, params).fetchall()
                 if answer_type in ("customers", "products"):
@@ -490,14 +520,13 @@ class SqlEnv(Env):
         """``n`` questions of ``split``, round-robin over question kinds (``seed``-shuffled);
         questions repeat once ``n`` exceeds the split's pool (about 130 questions in all).
         ``kinds``: only these question kinds (``QUESTION_KINDS``; default ``DEFAULT_KINDS``, all
-        but the opt-in ``city_ym_orders``)."""
+        but the opt-in ``city_ym_orders`` and ``city_range_orders``)."""
         check_split(split)
         check_kinds("kinds", kinds, QUESTION_KINDS, allow_empty=False)
         pool = [
             dict(q)
-            for q in _question_pool(db_seed)
+            for q in _question_pool(db_seed, DEFAULT_KINDS if kinds is None else tuple(kinds))
             if split_of(q["key"], heldout_frac=heldout_frac) == split
-            and q["key"].split("/")[2] in (DEFAULT_KINDS if kinds is None else kinds)
         ]
         if not pool:
             raise ValueError(

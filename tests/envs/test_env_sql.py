@@ -38,6 +38,9 @@ def _reference(data) -> object:
         return sum(cust[o[1]][2] == city for o in orders)
     if kind == "city_ym_orders":  # "... in 2023-09?"
         month = int(q.rsplit("-", 1)[1].rstrip("?"))
+    if kind == "city_range_orders":  # "... between 2023-03-05 and 2023-06-21?"
+        d1, d2 = q.rstrip("?").split(" between ")[1].split(" and ")
+        return sum(cust[o[1]][2] == city and d1 <= o[4] <= d2 for o in orders)
     if kind in ("city_month_orders", "city_ym_orders"):
         return sum(cust[o[1]][2] == city and int(o[4][5:7]) == month for o in orders)
     if kind == "category_revenue":
@@ -64,7 +67,7 @@ def test_ground_truth_matches_python_reference():
     tasks = SqlEnv.make_tasks("train", 100) + SqlEnv.make_tasks("heldout", 30)
     kinds = Counter(t.data["key"].split("/")[2] for t in tasks)
     assert len(kinds) == 7, kinds  # every default question kind is covered
-    tasks += SqlEnv.make_tasks("train", 20, kinds=["city_ym_orders"])  # the opt-in kind too
+    tasks += SqlEnv.make_tasks("train", 20, kinds=["city_ym_orders", "city_range_orders"])
     for t in tasks:
         ref = _reference(t.data)
         if isinstance(ref, float):
@@ -82,6 +85,8 @@ def test_kinds_selects_question_kinds_and_names_bad_ones():
     assert len(keys) == len({t.data["key"] for t in train[: len(keys)]})  # every one before repeats
     with pytest.raises(ValueError, match=r"unknown \['city_count'\].*valid kinds: \['city_orders'"):
         SqlEnv.make_tasks("train", 4, kinds=["city_count"])
+    ranges = {t.data["key"] for t in SqlEnv.make_tasks("train", 3000, kinds=["city_range_orders"])}
+    assert len(ranges) > 2900  # sampled: too many distinct questions to memorize
     with pytest.raises(ValueError, match="empty list"):
         SqlEnv.make_tasks("train", 4, kinds=[])
 
