@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -37,10 +38,11 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
 
 
 def slug(variant: str) -> str:
-    """A variant's folder name, also a valid Hydra override value (no ``=``, ``,`` or space):
+    """A variant's folder name, also a valid Hydra override value (no ``=``, ``,``, space or
+    bracket):
     ``"advantage=turn_level loss=ppo_value"`` -> ``advantage-turn_level+loss-ppo_value``."""
-    name = "+".join(variant.split()).replace("=", "-").replace(",", "_").replace("/", "-")
-    return name or "base"
+    name = "+".join(variant.split()).replace("=", "-").replace("/", "-")
+    return re.sub(r"[^\w.+-]", "_", name) or "base"  # also no brackets, quotes or braces
 
 
 def run_command(cmd: list[str], log: Path) -> None:

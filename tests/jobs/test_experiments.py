@@ -79,3 +79,16 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
         stages = json.loads((pathlib.Path(other["run_dir"]) / "stages.json").read_text())
         assert stages["sft_from"]["run"] == str(run_dir.resolve())
         assert "partial_credit" in stages["rl_eval"]["reward_terms"]
+
+
+VARIANTS = ["advantage=turn_level loss=ppo_value", "a=1,2", "env.tasks.kinds=[city_range_orders]",
+            "x={a: 'b'}"]  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variant_folder_is_a_valid_hydra_value(variant):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    name = run_experiment.slug(variant)
+    (o,) = OverridesParser.create().parse_overrides([f"run_dir=/tmp/exp/{name}/seed0"])
+    assert o.value() == f"/tmp/exp/{name}/seed0" and name != "base"
