@@ -91,8 +91,9 @@ class DynamicSampler:
     Give up after ``max_rounds``: then ``take`` returns what it has, or, if no round held an
     informative group, the last round's groups unfiltered (``stats.fallback = 1``), so a step
     always has episodes to train on. Keyed on the reward, those groups have zero advantage (a
-    no-op update); keyed on the outcome, they train the shaping terms for that step, as without
-    dynamic sampling. A long run should not stop for one unlucky step.
+    no-op update); keyed on the outcome, they would train the shaping terms alone, so the training
+    job masks their loss and skips the update (``jobs.steps.StepSource.no_loss``). A long run
+    should not stop for one unlucky step.
     """
 
     def __init__(

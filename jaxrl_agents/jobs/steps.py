@@ -7,9 +7,12 @@ estimator) are dropped and fresh groups are sampled from a separate task stream 
 ``tasks_per_step`` informative groups or ``trainer.dynamic_max_rounds`` rounds have run (DAPO's
 resample loop, ``algos.batch_shaping.DynamicSampler``); a step that still falls short trains on
 the groups it has, the rest of its rows masked, and says so in its counts. A step with no
-informative group at all trains its last round as is (``dynamic/fallback`` = 1, and a warning
+informative group at all keeps its last round as sampled (``dynamic/fallback`` = 1, and a warning
 line): a week-long run does not stop for one unlucky step. ``trainer.dynamic_sampling_on``
-chooses what must vary: the total reward, or the outcome (DAPO's accuracy criterion).
+chooses what must vary: the total reward, or the outcome (DAPO's accuracy criterion). Keyed on the
+reward, the fallback's groups have zero advantage; keyed on the outcome they would train the
+shaping terms alone, so their loss is masked (``no_loss``) and, when no process has a loss token
+left, the job skips the update (``update_skipped`` = 1).
 """
 
 from __future__ import annotations
@@ -36,6 +39,15 @@ class StepSource:
     dynamic: bool = False
     max_rounds: int = 4
     dynamic_on: str = "reward"  # trainer.dynamic_sampling_on
+
+    def no_loss(self, counts) -> bool:
+        """Whether a step's episodes must contribute no loss: an outcome-keyed fallback, whose
+        groups all share one outcome (``counts``: the step's counts or ``ShapingStats``)."""
+        if isinstance(counts, dict):
+            fallback = counts.get("dynamic/fallback", 0)
+        else:
+            fallback = counts.fallback
+        return bool(fallback) and self.dynamic_on == "outcome"
 
     def tasks(self, s: int) -> list:
         k = s * self.tasks_per_step
@@ -74,8 +86,9 @@ class StepSource:
         if stats.fallback:
             log.warning(
                 "RL step %d: no group with a varying %s in trainer.dynamic_max_rounds=%d rounds; "
-                "training the last round's groups as sampled", s + 1, self.dynamic_on,
-                self.max_rounds,
+                "%s", s + 1, self.dynamic_on, self.max_rounds,
+                "its episodes get no loss (only shaping terms vary)" if self.no_loss(stats)
+                else "training the last round's groups as sampled (zero advantages)",
             )  # fmt: skip
         groups: dict[tuple[int, int], int] = {}
         for t in trajs:  # groups of several rounds: renumber 0..k-1 in order

@@ -353,11 +353,18 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
         db = collector.device_batch(
             roll, rows=rows, max_turns=cfg.rollout.max_turns, mask_overlong=tr.mask_overlong,
             pack=tr.pack_rows, row_multiple=tr.minibatches * tr.microbatches,
+            no_loss=source.no_loss(shaping),
         )  # fmt: skip
-        state, metrics = await asyncio.to_thread(  # UPDATE: advantages + epochs x minibatches
-            update, state, db.batch, db.episodes, run.keys.key("update", s), ref
-        )
-        metrics = {**D.host_value(metrics.as_dict()), **shaping, "real_frac": db.real_frac}
+        if db.sampled_tokens:
+            state, metrics = await asyncio.to_thread(  # UPDATE: advantages + epochs x minibatches
+                update, state, db.batch, db.episodes, run.keys.key("update", s), ref
+            )
+            metrics = {**D.host_value(metrics.as_dict()), "update_skipped": 0.0}
+        else:  # no loss token on any process (a count over all): the optimizer does not step
+            print(f"RL step {s + 1}: no episode has a loss token; the update is skipped",
+                  flush=True)  # fmt: skip
+            metrics = {"update_skipped": 1.0}
+        metrics = {**metrics, **shaping, "real_frac": db.real_frac}
         if pending is None:
             push(state, s + 1)
             if s + 1 < tr.rl_steps:

@@ -214,6 +214,7 @@ class Collector:
         mask_overlong: bool = False,
         pack: bool = True,
         row_multiple: int = 1,
+        no_loss: bool = False,
     ) -> DeviceBatch:
         """This process's episodes -> its share of the global batch, placed on the mesh.
 
@@ -223,7 +224,8 @@ class Collector:
         ``rows``. ``mask_overlong``: episodes cut off by a length limit keep their place in their
         group's statistics but contribute no loss (``algos.batch_shaping.overlong_rows``).
         Dropped episodes (``reward_error``, no tokens) take no position and no share in any
-        group."""
+        group. ``no_loss``: every episode keeps its place but contributes no loss (an
+        outcome-keyed dynamic-sampling step with no informative group)."""
         import jax
 
         from jaxrl_agents.algos.batch_shaping import overlong_rows
@@ -274,7 +276,7 @@ class Collector:
             if mask_overlong
             else []
         )
-        clear_loss(packed, long)
+        clear_loss(packed, range(len(trajs)) if no_loss else long)
         real = int((b.segment_ids > 0).sum())
         counts = D.gather_rows(np.array(
             [packed.truncated, b.loss_mask.sum(), len(out), len(long), real, b.input_ids.size]

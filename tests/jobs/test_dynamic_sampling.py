@@ -17,7 +17,6 @@ SMOKE = ["trainer=smoke", "sampler.max_slots=16", "rollout.group_size=2", "mesh=
          "trainer.rl_steps=3", "trainer.tasks_per_step=4"]  # fmt: skip
 
 
-@register_reward_term("half_informative")
 def half_informative(traj) -> float:
     """Tasks with an even id hash: the two samples get 0 and 1 (informative); the others: 0."""
     if zlib.crc32(traj.task.id.encode()) % 2:
@@ -26,7 +25,8 @@ def half_informative(traj) -> float:
 
 
 @pytest.fixture(autouse=True)
-def _unregister():
+def _registered():
+    register_reward_term("half_informative")(half_informative)
     yield
     from jaxrl_agents.rewards.terms import REWARD_TERMS
 
@@ -65,3 +65,25 @@ def test_overlong_masking_counts_cut_off_episodes(tmp_path, monkeypatch):
     rl = _train(["trainer.mask_overlong=true", "rollout.max_new_tokens=24",
                  "trainer.sft_steps=0"], tmp_path, monkeypatch)  # fmt: skip
     assert sum(r["overlong_masked"] for r in rl) > 0
+
+
+@pytest.mark.parametrize("on", ["outcome", "reward"])
+def test_an_outcome_keyed_fallback_skips_the_update(on, tmp_path, monkeypatch):
+    """No SFT: the tiny policy never succeeds, so every group shares one outcome while the
+    half_informative term still varies. Keyed on the outcome, each step falls back and trains
+    nothing (the shaping term would be all its signal); keyed on the reward, the groups whose term
+    varies are informative and train."""
+    rl = _train(
+        ["reward.terms=[{name: half_informative}]", "trainer.dynamic_sampling=true",
+         f"trainer.dynamic_sampling_on={on}", "trainer.dynamic_max_rounds=1",
+         "trainer.sft_steps=0"],
+        tmp_path, monkeypatch,
+    )  # fmt: skip
+    assert len(rl) == 3 and all(r["success"] == 0.0 for r in rl)
+    if on == "outcome":
+        assert all(r["dynamic/fallback"] == 1 and r["update_skipped"] == 1 for r in rl)
+        assert all("loss" not in r for r in rl)
+    else:
+        # a step whose tasks all hash odd falls back too, but trains (zero advantages)
+        assert all(r["update_skipped"] == 0 and "loss" in r for r in rl)
+        assert any(r["dynamic/fallback"] == 0 and r["adv_abs"] > 0 for r in rl)
