@@ -123,9 +123,28 @@ def interval(xs: list[float]) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
+def span(lo: float, hi: float, fmt: str = ".3f", sep: str = "-") -> str:
+    """An interval's text; one seed has none (``interval`` gives NaN bounds)."""
+    if math.isnan(lo):
+        return "one seed: no interval"
+    return f"{lo:{fmt}}{sep}{hi:{fmt}}"
+
+
 def write(name: str, results: list[dict], root: Path) -> str:
     lines = [f"## Experiment `{name}`", ""]
-    for variant in dict.fromkeys(r["variant"] for r in results):
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    if len(variants) > 1:  # the comparison at a glance
+        lines += ["| variant | seeds | mean SFT | mean RL | mean change (points, 95% t-interval) |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for variant in variants:
+            rs = [r for r in results if r["variant"] == variant]
+            m, lo, hi = interval([100 * (r["rl"] - r["sft"]) for r in rs])
+            lines.append(f"| {variant} | {' '.join(str(r['seed']) for r in rs)} | "
+                         f"{statistics.mean(r['sft'] for r in rs):.3f} | "
+                         f"{statistics.mean(r['rl'] for r in rs):.3f} | "
+                         f"{m:+.1f} ({span(lo, hi, '+.1f', ' to ')}) |")  # fmt: skip
+        lines.append("")
+    for variant in variants:
         rs = [r for r in results if r["variant"] == variant]
         lines += [f"### {variant}", "", "| seed | SFT | RL | change | wall |"]
         lines.append("|---|---|---|---|---|")
@@ -137,9 +156,10 @@ def write(name: str, results: list[dict], root: Path) -> str:
         for key in ("sft", "rl"):
             m, lo, hi = interval([r[key] for r in rs])
             lines.append(f"| mean {key.upper()} (95% t-interval over seeds) | {m:.3f} "
-                         f"({lo:.3f}-{hi:.3f}) | | | |")  # fmt: skip
+                         f"({span(lo, hi)}) | | | |")  # fmt: skip
         m, lo, hi = interval([100 * (r["rl"] - r["sft"]) for r in rs])
-        lines += [f"| mean change (points) | {m:+.1f} ({lo:+.1f} to {hi:+.1f}) | | | |", ""]
+        lines += [f"| mean change (points) | {m:+.1f} ({span(lo, hi, '+.1f', ' to ')}) | | | |",
+                  ""]  # fmt: skip
         modes = sorted({k for r in rs for k in (*r["sft_failures"], *r["rl_failures"])})
         lines += ["| failure mode (sum over seeds) | SFT | RL |", "|---|---|---|"]
         for k in modes:

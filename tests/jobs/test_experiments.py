@@ -71,6 +71,7 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
         assert kinds and kinds <= set(cfg["env"]["tasks"]["kinds"]), kinds
     text = run_experiment.write(name, [result], root)
     assert "| 0 |" in text and "mean change (points)" in text
+    assert "one seed: no interval" in text and "nan" not in text
     assert (root / "results.json").exists() and (root / "curves.png").stat().st_size > 0
     if name == "sql":  # --share-sft: a reward-design variant's RL from this run's SFT result
         other = run_experiment.train_and_eval(name, "mesh=single reward=dense", 0, root, True,
@@ -92,3 +93,17 @@ def test_variant_folder_is_a_valid_hydra_value(variant):
     name = run_experiment.slug(variant)
     (o,) = OverridesParser.create().parse_overrides([f"run_dir=/tmp/exp/{name}/seed0"])
     assert o.value() == f"/tmp/exp/{name}/seed0" and name != "base"
+
+
+def test_tables_compare_variants_with_t_intervals(tmp_path):
+    def res(variant, seed, sft, rl):
+        return {"variant": variant, "seed": seed, "sft": sft, "rl": rl, "wall_s": 1.0,
+                "sft_failures": {"premature": 3}, "rl_failures": {"premature": 1},
+                "curve": [(0.0, sft), (10.0, rl)], "report": "r.html"}  # fmt: skip
+
+    results = [res("base", 0, 0.5, 0.6), res("base", 1, 0.4, 0.6), res("gigpo", 1, 0.4, 0.7)]
+    text = run_experiment.write("sql", results, tmp_path)
+    # base: changes +10 and +20 points, mean 15, t(1) = 12.706, sd 7.071 -> half-width 63.5
+    assert "| base | 0 1 | 0.450 | 0.600 | +15.0 (-48.5 to +78.5) |" in text
+    assert "| gigpo | 1 | 0.400 | 0.700 | +30.0 (one seed: no interval) |" in text
+    assert "| premature | 6 | 2 |" in text and (tmp_path / "curves.png").stat().st_size > 0
