@@ -132,20 +132,20 @@ def span(lo: float, hi: float, fmt: str = ".3f", sep: str = "-") -> str:
 
 def write(name: str, results: list[dict], root: Path) -> str:
     lines = [f"## Experiment `{name}`", ""]
-    variants = list(dict.fromkeys(r["variant"] for r in results))
-    if len(variants) > 1:  # the comparison at a glance
+    by_variant: dict[str, list[dict]] = {}
+    for r in results:
+        by_variant.setdefault(r["variant"], []).append(r)
+    if len(by_variant) > 1:  # the comparison at a glance
         lines += ["| variant | seeds | mean SFT | mean RL | mean change (points, 95% t-interval) |",
                   "|---|---|---|---|---|"]  # fmt: skip
-        for variant in variants:
-            rs = [r for r in results if r["variant"] == variant]
+        for variant, rs in by_variant.items():
             m, lo, hi = interval([100 * (r["rl"] - r["sft"]) for r in rs])
             lines.append(f"| {variant} | {' '.join(str(r['seed']) for r in rs)} | "
                          f"{statistics.mean(r['sft'] for r in rs):.3f} | "
                          f"{statistics.mean(r['rl'] for r in rs):.3f} | "
                          f"{m:+.1f} ({span(lo, hi, '+.1f', ' to ')}) |")  # fmt: skip
         lines.append("")
-    for variant in variants:
-        rs = [r for r in results if r["variant"] == variant]
+    for variant, rs in by_variant.items():
         lines += [f"### {variant}", "", "| seed | SFT | RL | change | wall |"]
         lines.append("|---|---|---|---|---|")
         for r in rs:

@@ -40,13 +40,9 @@ class StepSource:
     max_rounds: int = 4
     dynamic_on: str = "reward"  # trainer.dynamic_sampling_on
 
-    def no_loss(self, counts) -> bool:
+    def no_loss(self, fallback: float) -> bool:
         """Whether a step's episodes must contribute no loss: an outcome-keyed fallback, whose
-        groups all share one outcome (``counts``: the step's counts or ``ShapingStats``)."""
-        if isinstance(counts, dict):
-            fallback = counts.get("dynamic/fallback", 0)
-        else:
-            fallback = counts.fallback
+        groups all share one outcome."""
         return bool(fallback) and self.dynamic_on == "outcome"
 
     def tasks(self, s: int) -> list:
@@ -87,7 +83,7 @@ class StepSource:
             log.warning(
                 "RL step %d: no group with a varying %s in trainer.dynamic_max_rounds=%d rounds; "
                 "%s", s + 1, self.dynamic_on, self.max_rounds,
-                "its episodes get no loss (only shaping terms vary)" if self.no_loss(stats)
+                "its episodes get no loss (only shaping terms vary)" if self.no_loss(stats.fallback)
                 else "training the last round's groups as sampled (zero advantages)",
             )  # fmt: skip
         groups: dict[tuple[int, int], int] = {}

@@ -353,7 +353,7 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
         db = collector.device_batch(
             roll, rows=rows, max_turns=cfg.rollout.max_turns, mask_overlong=tr.mask_overlong,
             pack=tr.pack_rows, row_multiple=tr.minibatches * tr.microbatches,
-            no_loss=source.no_loss(shaping),
+            no_loss=source.no_loss(shaping.get("dynamic/fallback", 0)),
         )  # fmt: skip
         if db.sampled_tokens:
             state, metrics = await asyncio.to_thread(  # UPDATE: advantages + epochs x minibatches
