@@ -178,6 +178,28 @@ def _attend(q: Array, k: Array, v: Array, mask: Array, *, k_t: bool = False) -> 
     return jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(B, T, H, Dh)
 
 
+QUERY_BLOCK = 128
+"""Queries per block of :func:`_attend_causal_blocks`."""
+
+
+def _attend_causal_blocks(q: Array, k: Array, v: Array, mask: Array) -> Array:
+    """``_attend`` for a cache-free forward (training, scoring), whose mask is causal: one block of
+    :data:`QUERY_BLOCK` queries at a time, over only the keys up to the block's last query. The
+    keys after it are masked for every query of the block, so each row sees what it sees in
+    ``_attend`` and gets the same softmax (a padding row, which sees no key, averages fewer keys;
+    it is never read). About half the score entries of the full ``[T, T]`` square, in blocks that
+    stay in cache: forward + backward of one 6 x 1024-token layer of the tiny model on XLA:CPU
+    runs 3.4x faster (0.64 s -> 0.19 s), and whole SFT steps on packed 1024-token rows ~2x."""
+    T = q.shape[1]
+    outs = []
+    for start in range(0, T, QUERY_BLOCK):
+        end = min(start + QUERY_BLOCK, T)
+        outs.append(
+            _attend(q[:, start:end], k[:, :, :end], v[:, :, :end], mask[:, start:end, :end])
+        )
+    return jnp.concatenate(outs, axis=1)
+
+
 def fused_attention(cfg: ModelConfig) -> str | None:
     """The ``jax.nn.dot_product_attention`` implementation multi-query attention uses (``cudnn``
     on GPU, ``xla`` elsewhere), or None for the reference einsums (``cfg.attention``)."""
@@ -270,6 +292,8 @@ def _block(cfg: ModelConfig, p: dict, x: Array, positions, inv_freq, mask, write
 
         visible = jnp.sum(mask[:, 0], axis=-1).astype(jnp.int32)  # lengths + 1 (this token)
         attn = ragged_decode_attention(q[:, 0], k_ctx, v_ctx, visible, k_t=k_t)[:, None]
+    elif impl is None and write is None and q.shape[1] > QUERY_BLOCK:
+        attn = _attend_causal_blocks(q, k_ctx, v_ctx, mask)
     elif impl is None:
         attn = _attend(q, k_ctx, v_ctx, mask, k_t=k_t)
     else:

@@ -140,3 +140,39 @@ def test_pallas_decode_through_the_engine_gives_the_same_tokens():
     assert [r.token_ids for r in a] == [r.token_ids for r in b]
     for x, y in zip(a, b, strict=True):
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+
+
+def test_query_blocks_match_the_full_square(monkeypatch):
+    """A cache-free forward longer than ``QUERY_BLOCK`` attends one query block at a time over
+    the keys up to the block's end (``decoder._attend_causal_blocks``): on packed rows of 300
+    tokens (segments crossing block edges, padding) the logits and every gradient equal those of
+    the one ``[T, T]`` square."""
+    import jaxrl_agents.models.decoder as dec
+
+    model = Transformer(ModelConfig(**BASE, attention="reference"), rngs=nnx.Rngs(0))
+    seg = np.array([[1] * 100 + [2] * 150 + [3] * 40 + [0] * 10, [1] * 260 + [0] * 40], np.int32)
+    pos = np.zeros_like(seg)
+    for b in range(2):
+        for s in set(seg[b]) - {0}:
+            idx = np.where(seg[b] == s)[0]
+            pos[b, idx] = np.arange(len(idx))
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, 96, seg.shape), jnp.int32)
+    pos, seg = jnp.asarray(pos), jnp.asarray(seg)
+    valid = np.asarray(seg) != 0
+    assert dec.QUERY_BLOCK < 300 and 300 % dec.QUERY_BLOCK  # several blocks, a ragged last one
+
+    def loss(m):
+        logits, _ = m(tokens, pos, segment_ids=seg)
+        lp = jax.nn.log_softmax(logits, -1)
+        return jnp.sum(jnp.where(seg[..., None] > 0, lp, 0.0)[..., :3])
+
+    def run():
+        logits, _ = model(tokens, pos, segment_ids=seg)
+        return np.asarray(logits), nnx.state(nnx.grad(loss)(model), nnx.Param)
+
+    blocked = run()
+    monkeypatch.setattr(dec, "QUERY_BLOCK", 1 << 20)
+    full = run()
+    np.testing.assert_allclose(blocked[0][valid], full[0][valid], atol=2e-6, rtol=2e-6)
+    for x, y in zip(jax.tree.leaves(full[1]), jax.tree.leaves(blocked[1]), strict=True):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=2e-5, rtol=1e-4)
