@@ -59,6 +59,15 @@ def test_bench_train_fields():
     assert out["tok_s"] > 0 and out["results"][0]["compiles_after_warmup"] == 0
 
 
+def test_bench_attention_fields():
+    """Both programs run on the same batch; the blocked one gives the square's logits."""
+    out = _run("bench_attention.py", "--lengths", "320", "--tokens", "640", "--steps", "1")
+    row = out["rows"]["320"]
+    assert row["rows"] == 2 and row["speedup"] > 0
+    assert row["blocked_median_s"] > 0 and row["square_median_s"] > 0
+    assert row["max_logit_diff"] < 1e-4, row
+
+
 @pytest.mark.slow
 def test_bench_sampler_fields():
     out = _run(
