@@ -234,16 +234,25 @@ class ResearchEnv(Env):
         *,
         seed: int = 0,
         corpus_seed: int = 0,
+        corpora: int = 1,
         max_hops: int = 2,
         heldout_frac: float = 0.2,
     ) -> list[Task]:
-        """``n`` questions of ``split`` (repeating once the split's pool is used up)."""
+        """``n`` questions of ``split`` (repeating once the split's pool is used up).
+
+        ``corpora``: questions from the corpora ``corpus_seed .. corpus_seed + corpora - 1``
+        (each its own companies, people and places). One corpus has 36 companies, so a split
+        holds a few dozen questions whose entities a small model can memorize; with many corpora
+        the entities are too many, and a policy must copy them from the question."""
         check_split(split)
         if max_hops not in (2, 3):
             raise ValueError(f"max_hops must be 2 or 3, got {max_hops}")
+        if isinstance(corpora, bool) or not isinstance(corpora, int) or corpora < 1:
+            raise ValueError(f"corpora={corpora!r}: expected an integer >= 1")
         pool = [
             q
-            for q in _question_pool(corpus_seed, max_hops)
+            for cs in range(corpus_seed, corpus_seed + corpora)
+            for q in _question_pool(cs, max_hops)
             if split_of(q["key"], heldout_frac=heldout_frac) == split
         ]
         random.Random(f"research/{seed}/{split}").shuffle(pool)

@@ -90,3 +90,25 @@ def test_splits_disjoint_and_tool_errors():
         "Error: unknown doc_id 'x9'; ids look like d012 (find them with search)"
     )
     assert messages[4]["content"] == "Error: k must be between 1 and 10, got 50"
+
+
+def test_many_corpora_give_unmemorizable_splits():
+    """``corpora=N``: questions from N corpora (each its own entities); the splits stay disjoint
+    by question key, and every corpus's answer comes from that corpus."""
+    from jaxrl_agents.envs.research import ResearchEnv
+
+    keys = {}
+    for split in ("train", "validation", "heldout"):
+        tasks = ResearchEnv.make_tasks(split, 100_000, corpora=20)
+        keys[split] = {t.data["key"] for t in tasks}
+        seeds = {t.data["corpus_seed"] for t in tasks}
+        assert seeds == set(range(20)), (split, sorted(seeds))
+        for t in tasks[:30]:
+            corpus = build_corpus(t.data["corpus_seed"])
+            assert [corpus["docs"][e]["title"] for e in t.data["evidence"]] == t.data["chain"]
+    assert not keys["train"] & keys["heldout"] and not keys["train"] & keys["validation"]
+    one = {t.data["key"] for t in ResearchEnv.make_tasks("heldout", 100_000)}
+    assert len(keys["heldout"]) > 10 * len(one)  # far more distinct held-out questions
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="corpora="):
+            ResearchEnv.make_tasks("train", 1, corpora=bad)
