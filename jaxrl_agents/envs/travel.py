@@ -18,7 +18,7 @@ import datetime as dt
 import hashlib
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxrl_agents.envs.base import Env, EnvConfig, check_split, split_of
@@ -439,7 +439,7 @@ def _policy(
 
 
 def oracle_policy(
-    task: Task, *, slip_prob: float = 0.0, rng: Any = None
+    task: Task, *, slip_prob: float = 0.0, slip_stars: Sequence[int] | None = None, rng: Any = None
 ) -> Callable[[list[Message]], Message]:
     """Scripted solver: search all three in one turn, book the cheapest valid options, check the
     itinerary, then confirm the booking ids.
@@ -448,9 +448,20 @@ def oracle_policy(
     turn by turn — it searches correctly, but when booking (its second turn) it lets the
     minimum-stars requirement slip and books the cheapest hotel below it (when there is one).
     Such golden data teaches constraint drift (``Ann.CONSTRAINT_VIOLATIONS`` after the booking
-    turn; the verdict fails)."""
+    turn; the verdict fails). ``slip_stars`` (e.g. ``[4]``): the slip only on tasks asking for
+    one of these minimums, as an annotator who takes "at least 4 stars" for a wish; a policy
+    imitating it lets exactly that constraint slip, even when decoding greedily."""
+    if slip_stars is not None and (
+        isinstance(slip_stars, str | bytes)
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in slip_stars)
+    ):
+        raise ValueError(f"slip_stars={slip_stars!r}: expected a list of star counts, e.g. [4]")
     min_stars = task.data["min_stars"]
-    slip = slip_prob > 0 and (rng.random() if rng is not None else random.random()) < slip_prob
+    slip = (
+        slip_prob > 0
+        and (slip_stars is None or min_stars in slip_stars)
+        and (rng.random() if rng is not None else random.random()) < slip_prob
+    )
 
     def choose(lines: list[str], hotel: bool) -> str:
         if hotel:

@@ -91,3 +91,19 @@ def test_research_habit_on_one_question_kind_only():
         assert ("premature" in _modes(t)) == (kind == "hq_country")
     with pytest.raises(ConfigError, match=r"env.oracle: premature_kinds=\[.hq_city.\]: unknown"):
         resolve_env(EnvSpec(name="research")).oracle({"premature_kinds": ["hq_city"]})
+
+
+def test_travel_slip_on_one_star_minimum_only():
+    """``slip_stars``: the travel annotator lets the stars constraint slip only on tasks asking for
+    those minimums; the other tasks are booked within every constraint."""
+    trajs = run("travel", {"slip_prob": 1.0, "slip_stars": [4]})
+    fours = [t for t in trajs if t.task.data["min_stars"] == 4]
+    assert 10 <= len(fours) <= 50
+    for t in trajs:
+        if t.task.data["min_stars"] == 4:  # slipped unless no hotel below 4 stars was offered
+            assert not t.success or "constraint_drift" not in _modes(t)
+        else:
+            assert t.success and "constraint_drift" not in _modes(t)
+    assert sum("constraint_drift" in _modes(t) for t in fours) >= 0.8 * len(fours)
+    with pytest.raises(ConfigError, match=r"env.oracle: slip_stars='4': expected a list"):
+        resolve_env(EnvSpec(name="travel")).oracle({"slip_stars": "4"})
