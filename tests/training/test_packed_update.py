@@ -155,7 +155,10 @@ def _assert_same(a_params, b_params, a_metrics, b_metrics, start):
                        jax.tree.leaves(start), strict=True):  # fmt: skip
         a, b, s = np.asarray(a), np.asarray(b), np.asarray(s)
         scale = max(float(np.abs(a - s).max()), 1e-6)
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * scale)
+        # float32 sums in another order (other shapes): Adam's m / sqrt(v) turns that into up to
+        # ~3e-5 of a tensor's movement (the critic case, 1 of 32 entries); a packing bug (a
+        # segment seeing another, a lost token) moves whole tensors by O(their movement)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * scale)
         moved = max(moved, float(np.abs(a - s).max()))
     assert moved > 1e-3  # the step did something
     for name in RLMetrics._fields:
