@@ -31,15 +31,21 @@ def pair():
     return model, fused
 
 
+def segment_positions(seg: np.ndarray) -> np.ndarray:
+    """Positions restarting at 0 in each segment of each row (0 on padding)."""
+    pos = np.zeros_like(seg)
+    for b in range(seg.shape[0]):
+        for s in set(seg[b]) - {0}:
+            idx = np.where(seg[b] == s)[0]
+            pos[b, idx] = np.arange(len(idx))
+    return pos
+
+
 def packed_rows():
     """Two rows: three segments + padding, and one segment + padding."""
     rng = np.random.default_rng(0)
     seg = np.array([[1] * 5 + [2] * 7 + [3] * 3 + [0] * 1, [1] * 11 + [0] * 5], np.int32)
-    pos = np.zeros_like(seg)
-    for b in range(2):
-        for s in set(seg[b]) - {0}:
-            idx = np.where(seg[b] == s)[0]
-            pos[b, idx] = np.arange(len(idx))
+    pos = segment_positions(seg)
     tokens = rng.integers(0, BASE["vocab_size"], seg.shape).astype(np.int32)
     return jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(seg)
 
@@ -151,11 +157,7 @@ def test_query_blocks_match_the_full_square(monkeypatch):
 
     model = Transformer(ModelConfig(**BASE, attention="reference"), rngs=nnx.Rngs(0))
     seg = np.array([[1] * 100 + [2] * 150 + [3] * 40 + [0] * 10, [1] * 260 + [0] * 40], np.int32)
-    pos = np.zeros_like(seg)
-    for b in range(2):
-        for s in set(seg[b]) - {0}:
-            idx = np.where(seg[b] == s)[0]
-            pos[b, idx] = np.arange(len(idx))
+    pos = segment_positions(seg)
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, 96, seg.shape), jnp.int32)
     pos, seg = jnp.asarray(pos), jnp.asarray(seg)
     valid = np.asarray(seg) != 0
