@@ -28,11 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run from a checkout without an installed package
     sys.path.insert(0, str(REPO))
 
-TINY = {
-    "model_type": "qwen2", "vocab_size": 1280, "hidden_size": 128, "intermediate_size": 384,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 4096, "tie_word_embeddings": True,
-}  # fmt: skip
+import bench_sampler  # noqa: E402  (scripts/ is on sys.path when a script runs)
+
+# the demo's tiny shape (bench_sampler's), with the shipped tokenizer's vocabulary and room for
+# the longest rows
+TINY = {**bench_sampler.TINY, "model_type": "qwen2", "vocab_size": 1280,
+        "max_position_embeddings": 4096}  # fmt: skip
 
 
 def batch_of(rows: int, length: int, *, seed: int = 0):
