@@ -79,9 +79,23 @@ class BM25Index:
 # -- corpus --------------------------------------------------------------------------------------
 
 
+NAMES = ("words", "numbered")
+"""How ``build_corpus`` names its companies, people, cities and countries: ``words``, made-up
+words ("Zage Labs", "Tamo Rive", "Storbai"); ``numbered``, the kind and a number ("Company 417",
+"Person 258", "City 731", "Country 264"), the same facts and hops with names any policy that
+copies digits can copy."""
+
+
+def _check_names(names: Any) -> str:
+    if names not in NAMES:
+        raise ValueError(f"names={names!r}: expected one of {', '.join(NAMES)}")
+    return names
+
+
 @functools.lru_cache(maxsize=4)
-def build_corpus(corpus_seed: int = 0) -> dict[str, Any]:
+def build_corpus(corpus_seed: int = 0, names: str = "words") -> dict[str, Any]:
     """``{"docs": {id: {"title", "text"}}, "by_title", "companies", "people", "cities", ...}``."""
+    _check_names(names)
     rng = random.Random(f"research-corpus/{corpus_seed}")
     used: set[str] = set()
 
@@ -93,9 +107,19 @@ def build_corpus(corpus_seed: int = 0) -> dict[str, Any]:
                 used.add(w)
                 return w
 
-    countries = [word(3) for _ in range(8)]
+    # numbered: one 3-digit number per entity, unique in the corpus (so a number names one
+    # entity and BM25 finds it); multiples of 100 are left out, as staff counts use them. The
+    # words corpus draws nothing here, so it stays what it was.
+    numbered = names == "numbered"
+    pool = [n for n in range(100, 1000) if n % 100]
+    numbers = iter(rng.sample(pool, 8 + 24 + 36 + 36) if numbered else ())
+
+    def entity(kind: str, syllables: int) -> str:
+        return f"{kind} {next(numbers)}" if numbered else word(syllables)
+
+    countries = [entity("Country", 3) for _ in range(8)]
     cities = {
-        word(3): {
+        entity("City", 3): {
             "country": rng.choice(countries),
             "river": word(2),
             "population": rng.randint(20, 900) * 1000,
@@ -104,7 +128,7 @@ def build_corpus(corpus_seed: int = 0) -> dict[str, Any]:
     }
     city_names = sorted(cities)
     people = {
-        f"{word(2)} {word(2)}": {
+        (entity("Person", 0) if numbered else f"{word(2)} {word(2)}"): {
             "city": rng.choice(city_names),
             "profession": rng.choice(_PROFESSION),
             "year": rng.randint(1930, 1990),
@@ -114,7 +138,7 @@ def build_corpus(corpus_seed: int = 0) -> dict[str, Any]:
     founders = rng.sample(sorted(people), 36)
     companies = [
         {
-            "name": f"{word(2)} {rng.choice(_SUFFIX)}",
+            "name": entity("Company", 0) if numbered else f"{word(2)} {rng.choice(_SUFFIX)}",
             "founder": founders[i],
             "hq": rng.choice(city_names),
             "industry": rng.choice(_INDUSTRY),
@@ -159,8 +183,8 @@ def build_corpus(corpus_seed: int = 0) -> dict[str, Any]:
     }
 
 
-def _question_pool(corpus_seed: int, max_hops: int) -> list[dict[str, Any]]:
-    c = build_corpus(corpus_seed)
+def _question_pool(corpus_seed: int, max_hops: int, names: str) -> list[dict[str, Any]]:
+    c = build_corpus(corpus_seed, names)
     ids = c["by_title"]
     pool = []
     for co in c["companies"]:
@@ -202,6 +226,7 @@ def _question_pool(corpus_seed: int, max_hops: int) -> list[dict[str, Any]]:
                     "answer": answer,
                     "answer_kind": answer_kind,
                     "corpus_seed": corpus_seed,
+                    "names": names,
                     "required_steps": [f"open:{e}" for e in evidence],
                 }
             )
@@ -235,6 +260,7 @@ class ResearchEnv(Env):
         seed: int = 0,
         corpus_seed: int = 0,
         corpora: int = 1,
+        names: str = "words",
         max_hops: int = 2,
         heldout_frac: float = 0.2,
     ) -> list[Task]:
@@ -243,16 +269,18 @@ class ResearchEnv(Env):
         ``corpora``: questions from the corpora ``corpus_seed .. corpus_seed + corpora - 1``
         (each its own companies, people and places). One corpus has 36 companies, so a split
         holds a few dozen questions whose entities a small model can memorize; with many corpora
-        the entities are too many, and a policy must copy them from the question."""
+        the entities are too many, and a policy must copy them from the question. ``names``
+        (:data:`NAMES`): how the entities are named, made-up words or numbered."""
         check_split(split)
         if max_hops not in (2, 3):
             raise ValueError(f"max_hops must be 2 or 3, got {max_hops}")
         if isinstance(corpora, bool) or not isinstance(corpora, int) or corpora < 1:
             raise ValueError(f"corpora={corpora!r}: expected an integer >= 1")
+        _check_names(names)
         pool = [
             q
             for cs in range(corpus_seed, corpus_seed + corpora)
-            for q in _question_pool(cs, max_hops)
+            for q in _question_pool(cs, max_hops, names)
             if split_of(q["key"], heldout_frac=heldout_frac) == split
         ]
         random.Random(f"research/{seed}/{split}").shuffle(pool)
@@ -273,8 +301,8 @@ class ResearchEnv(Env):
         )
 
     def setup(self, task: Task, seed: int) -> None:
-        self._corpus = build_corpus(int(task.data.get("corpus_seed", 0)))
-        self._index = _index(int(task.data.get("corpus_seed", 0)))
+        which = int(task.data.get("corpus_seed", 0)), task.data.get("names", "words")
+        self._corpus, self._index = build_corpus(*which), _index(*which)
         self._opened = []
 
     @tool
@@ -342,8 +370,8 @@ class ResearchEnv(Env):
 
 
 @functools.lru_cache(maxsize=4)
-def _index(corpus_seed: int) -> BM25Index:
-    docs = build_corpus(corpus_seed)["docs"]
+def _index(corpus_seed: int, names: str = "words") -> BM25Index:
+    docs = build_corpus(corpus_seed, names)["docs"]
     return BM25Index({i: f"{d['title']} {d['text']}" for i, d in docs.items()})
 
 
@@ -421,7 +449,7 @@ def wrong_policy(task: Task) -> Callable[[list[Message]], Message]:
     def policy(messages: list[Message]) -> Message:
         if not any(m["role"] == "tool" for m in messages):
             return _msg(0, "search", {"query": task.data["question"], "k": 3})
-        corpus = build_corpus(int(task.data.get("corpus_seed", 0)))
+        corpus = build_corpus(int(task.data.get("corpus_seed", 0)), task.data.get("names", "words"))
         cands = [c for c in corpus[task.data["answer_kind"]] if c != task.data["answer"]]
         guess = next((c for c in cands if c in messages[-1]["content"]), cands[0])
         ids = " ".join(f"[{i}]" for i in re.findall(r"\[(d\d{3})\]", messages[-1]["content"]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 
 import pytest
 
@@ -50,9 +51,11 @@ def test_bm25_matches_reference_and_finds_titles():
         assert index.search(d["title"], 1)[0][0] == doc_id
 
 
+@pytest.mark.parametrize("names", ["words", "numbered"])
 @pytest.mark.parametrize("max_hops", [2, 3])
-def test_oracle_solves_and_wrong_or_uncited_fail(max_hops):
-    for task in ResearchEnv.make_tasks("heldout", 15, max_hops=max_hops):
+def test_oracle_solves_and_wrong_or_uncited_fail(max_hops, names):
+    tasks = ResearchEnv.make_tasks("heldout", 15, max_hops=max_hops, corpora=5, names=names)
+    for task in tasks:
         verdict, messages, anns = asyncio.run(drive(ResearchEnv(), task, oracle_policy(task)))
         assert verdict.success and verdict.info[Ann.EVIDENCE_IN_ANSWER], messages
         assert len(task.data["evidence"]) >= 2 and verdict.info[Ann.MISSING_STEPS] == []
@@ -112,3 +115,36 @@ def test_many_corpora_give_unmemorizable_splits():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="corpora="):
             ResearchEnv.make_tasks("train", 1, corpora=bad)
+
+
+def test_numbered_names_keep_the_facts_and_the_search():
+    """``names="numbered"``: every entity is its kind and a number unique in its corpus ("Company
+    417"), the corpus has the same documents and hops as with words, and searching a title finds
+    its document first; the words corpus is what it was (pinned: the numbered path draws nothing
+    from its random stream, so runs on made-up words keep their questions)."""
+    for seed in range(4):
+        words, numbered = build_corpus(seed), build_corpus(seed, "numbered")
+        kinds = {"companies": "Company", "people": "Person", "cities": "City"}
+        numbers = []
+        for key, kind in kinds.items():
+            got = [c["name"] for c in numbered[key]] if key == "companies" else list(numbered[key])
+            assert all(re.fullmatch(rf"{kind} [1-9]\d\d", n) for n in got), got
+            numbers += [n.split()[1] for n in got]
+        assert all(re.fullmatch(r"Country [1-9]\d\d", n) for n in numbered["countries"])
+        numbers += [n.split()[1] for n in numbered["countries"]]
+        assert len(set(numbers)) == len(numbers) == 104
+        assert len(numbered["docs"]) == len(words["docs"]) == 96  # 36 + 36 + 24 documents
+        index = BM25Index({i: f"{d['title']} {d['text']}" for i, d in numbered["docs"].items()})
+        for doc_id, d in numbered["docs"].items():
+            assert index.search(d["title"], 1)[0][0] == doc_id, d["title"]
+    zero = build_corpus(0)
+    assert (zero["companies"][0]["name"], zero["docs"]["d000"]["title"]) == (
+        "Zupu Group",
+        "Fevor Daifa",
+    )
+    task = ResearchEnv.make_tasks("train", 1, names="numbered")[0]
+    assert re.fullmatch(r"Company [1-9]\d\d", task.data["chain"][0])
+    assert task.data["chain"][0] in task.data["question"] and task.data["names"] == "numbered"
+    for bad in ("Words", "numbers", None, 3):
+        with pytest.raises(ValueError, match="names=.*words, numbered"):
+            ResearchEnv.make_tasks("train", 1, names=bad)
