@@ -82,8 +82,8 @@ class BM25Index:
 NAMES = ("words", "numbered")
 """How ``build_corpus`` names its companies, people, cities and countries: ``words``, made-up
 words ("Zage Labs", "Tamo Rive", "Storbai"); ``numbered``, the kind and a number ("Company 417",
-"Person 258", "City 731", "Country 264"), the same facts and hops with names any policy that
-copies digits can copy."""
+"Person 258", "City 731", "Country 264"): the same kinds of facts and the same hops, with names a
+policy that copies digits can copy."""
 
 
 def _check_names(names: Any) -> str:
@@ -114,12 +114,12 @@ def build_corpus(corpus_seed: int = 0, names: str = "words") -> dict[str, Any]:
     pool = [n for n in range(100, 1000) if n % 100]
     numbers = iter(rng.sample(pool, 8 + 24 + 36 + 36) if numbered else ())
 
-    def entity(kind: str, syllables: int) -> str:
-        return f"{kind} {next(numbers)}" if numbered else word(syllables)
+    def entity(kind: str, made_up: Callable[[], str]) -> str:
+        return f"{kind} {next(numbers)}" if numbered else made_up()
 
-    countries = [entity("Country", 3) for _ in range(8)]
+    countries = [entity("Country", lambda: word(3)) for _ in range(8)]
     cities = {
-        entity("City", 3): {
+        entity("City", lambda: word(3)): {
             "country": rng.choice(countries),
             "river": word(2),
             "population": rng.randint(20, 900) * 1000,
@@ -128,7 +128,7 @@ def build_corpus(corpus_seed: int = 0, names: str = "words") -> dict[str, Any]:
     }
     city_names = sorted(cities)
     people = {
-        (entity("Person", 0) if numbered else f"{word(2)} {word(2)}"): {
+        entity("Person", lambda: f"{word(2)} {word(2)}"): {
             "city": rng.choice(city_names),
             "profession": rng.choice(_PROFESSION),
             "year": rng.randint(1930, 1990),
@@ -138,7 +138,7 @@ def build_corpus(corpus_seed: int = 0, names: str = "words") -> dict[str, Any]:
     founders = rng.sample(sorted(people), 36)
     companies = [
         {
-            "name": entity("Company", 0) if numbered else f"{word(2)} {rng.choice(_SUFFIX)}",
+            "name": entity("Company", lambda: f"{word(2)} {rng.choice(_SUFFIX)}"),
             "founder": founders[i],
             "hq": rng.choice(city_names),
             "industry": rng.choice(_INDUSTRY),
