@@ -86,10 +86,9 @@ words ("Zage Labs", "Tamo Rive", "Storbai"); ``numbered``, the kind and a number
 policy that copies digits can copy."""
 
 
-def _check_names(names: Any) -> str:
+def _check_names(names: Any) -> None:
     if names not in NAMES:
         raise ValueError(f"names={names!r}: expected one of {', '.join(NAMES)}")
-    return names
 
 
 @functools.lru_cache(maxsize=4)
@@ -111,7 +110,7 @@ def build_corpus(corpus_seed: int = 0, names: str = "words") -> dict[str, Any]:
     # entity and BM25 finds it); multiples of 100 are left out, as staff counts use them. The
     # words corpus draws nothing here, so it stays what it was.
     numbered = names == "numbered"
-    pool = [n for n in range(100, 1000) if n % 100]
+    pool = [n for n in range(100, 1000) if n % 100] if numbered else []
     numbers = iter(rng.sample(pool, 8 + 24 + 36 + 36) if numbered else ())
 
     def entity(kind: str, made_up: Callable[[], str]) -> str:
@@ -301,7 +300,7 @@ class ResearchEnv(Env):
         )
 
     def setup(self, task: Task, seed: int) -> None:
-        which = int(task.data.get("corpus_seed", 0)), task.data.get("names", "words")
+        which = _corpus_of(task)
         self._corpus, self._index = build_corpus(*which), _index(*which)
         self._opened = []
 
@@ -367,6 +366,11 @@ class ResearchEnv(Env):
                 "evidence": d["evidence"],
             },
         )
+
+
+def _corpus_of(task: Task) -> tuple[int, str]:
+    """``build_corpus``'s arguments for a task (tasks made before ``names`` existed: words)."""
+    return int(task.data.get("corpus_seed", 0)), task.data.get("names", "words")
 
 
 @functools.lru_cache(maxsize=4)
@@ -449,7 +453,7 @@ def wrong_policy(task: Task) -> Callable[[list[Message]], Message]:
     def policy(messages: list[Message]) -> Message:
         if not any(m["role"] == "tool" for m in messages):
             return _msg(0, "search", {"query": task.data["question"], "k": 3})
-        corpus = build_corpus(int(task.data.get("corpus_seed", 0)), task.data.get("names", "words"))
+        corpus = build_corpus(*_corpus_of(task))
         cands = [c for c in corpus[task.data["answer_kind"]] if c != task.data["answer"]]
         guess = next((c for c in cands if c in messages[-1]["content"]), cands[0])
         ids = " ".join(f"[{i}]" for i in re.findall(r"\[(d\d{3})\]", messages[-1]["content"]))
