@@ -33,7 +33,9 @@ QUICK = ["trainer.sft_steps=4", "trainer.sft_examples=16", "trainer.sft_batch_si
          "trainer.rl_steps=2", "trainer.tasks_per_step=2", "rollout.group_size=2",
          "trainer.eval_every=1", "trainer.heldout_tasks=4", "trainer.validation_tasks=4",
          "trainer.checkpoint_every=1", "trainer.async_checkpoints=false",
-         "trainer.progress=false", "trainer.export=false", "sampler.max_slots=16"]  # fmt: skip
+         "trainer.progress=false", "trainer.export=false", "sampler.max_slots=16",
+         "trainer.rl_start_min_success=0"]  # fmt: skip
+"""A few steps of every stage; 4 SFT steps solve nothing, so the RL gate is off."""
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 
 
@@ -72,12 +74,20 @@ def train_and_eval(
     run = runner or run_command
     run_dir = root / slug(variant) / f"seed{seed}"
     py = [sys.executable, "-m"]
-    overrides = [f"experiment={name}", f"seed={seed}", f"run_dir={run_dir}", *variant.split(),
-                 *(QUICK if quick else [])]  # fmt: skip
+    # a variant's overrides come last: they may override QUICK's too
+    overrides = [f"experiment={name}", f"seed={seed}", f"run_dir={run_dir}",
+                 *(QUICK if quick else []), *variant.split()]  # fmt: skip
     if sft_from is not None:
         overrides.append(f"trainer.sft_from={sft_from}")
     if not (run_dir / "summary.json").exists():
-        run([*py, "jaxrl_agents.cli.train", *overrides], run_dir / "train_console.log")
+        try:
+            run([*py, "jaxrl_agents.cli.train", *overrides], run_dir / "train_console.log")
+        except SystemExit:
+            if stopped_at_gate(run_dir) is None:
+                raise
+    gate = stopped_at_gate(run_dir)
+    if gate is not None and not (run_dir / "summary.json").exists():
+        return gated_result(name, variant, seed, run_dir, gate)
     summary = json.loads((run_dir / "summary.json").read_text())
     cfg = json.loads((run_dir / "config.json").read_text())
     out = run_dir / "eval"
@@ -112,6 +122,30 @@ def train_and_eval(
         "rl_failures": (summary.get("rl") or {}).get("failure_modes", {}),
         "wall_s": summary.get("wall_s"), "curve": curve,
         "report": str(out / "report.html"),
+    }  # fmt: skip
+
+
+def stopped_at_gate(run_dir: Path) -> dict | None:
+    """The run's ``rl_gate`` record when it stopped before RL: its SFT policy's validation
+    success was below ``trainer.rl_start_min_success``; None otherwise."""
+    path = run_dir / "stages.json"
+    gate = json.loads(path.read_text()).get("rl_gate") if path.exists() else None
+    return gate if gate is not None and not gate["passed"] else None
+
+
+def gated_result(name: str, variant: str, seed: int, run_dir: Path, gate: dict) -> dict:
+    """A (variant, seed) whose RL did not run: the final policy is the SFT policy, so its RL
+    numbers are the SFT's (a change of 0 in the means; the tables say so)."""
+    sft = json.loads((run_dir / "stages.json").read_text())["sft_eval"]
+    print(f"  {name} [{variant or 'base'}] seed {seed}: RL not run (SFT validation success "
+          f"{gate['validation_success']:.3f} < trainer.rl_start_min_success="
+          f"{gate['min_success']}); counted as RL = SFT")  # fmt: skip
+    fails = sft.get("failure_modes", {})
+    return {
+        "variant": variant or "base", "seed": seed, "run_dir": str(run_dir),
+        "sft": sft["success"], "rl": sft["success"], "gate": gate,
+        "sft_failures": fails, "rl_failures": fails, "wall_s": None,
+        "curve": [(0.0, gate["validation_success"])], "report": None,
     }  # fmt: skip
 
 
@@ -150,6 +184,12 @@ def write(name: str, results: list[dict], root: Path) -> str:
         lines.append("|---|---|---|---|---|")
         for r in rs:
             change = 100 * (r["rl"] - r["sft"])
+            if r.get("gate"):
+                g = r["gate"]
+                lines.append(f"| {r['seed']} | {r['sft']:.3f} | not run: SFT validation "
+                             f"{g['validation_success']:.3f} < {g['min_success']} | "
+                             f"{change:+.1f} | |")  # fmt: skip
+                continue
             wall = r["wall_s"] or 0
             lines.append(f"| {r['seed']} | {r['sft']:.3f} | {r['rl']:.3f} | {change:+.1f} | "
                          f"{wall:.0f} s |")  # fmt: skip
@@ -160,6 +200,12 @@ def write(name: str, results: list[dict], root: Path) -> str:
         m, lo, hi = interval([100 * (r["rl"] - r["sft"]) for r in rs])
         lines += [f"| mean change (points) | {m:+.1f} ({span(lo, hi, '+.1f', ' to ')}) | | | |",
                   ""]  # fmt: skip
+        stopped = [str(r["seed"]) for r in rs if r.get("gate")]
+        if stopped:
+            lines += [f"RL not run on seed(s) {', '.join(stopped)}: the SFT policy's validation "
+                      "success was below trainer.rl_start_min_success. They count as RL = SFT "
+                      "(no change) in the means above and are left out of the curves.",
+                      ""]  # fmt: skip
         modes = sorted({k for r in rs for k in (*r["sft_failures"], *r["rl_failures"])})
         lines += ["| failure mode (sum over seeds) | SFT | RL |", "|---|---|---|"]
         for k in modes:
@@ -167,8 +213,8 @@ def write(name: str, results: list[dict], root: Path) -> str:
             b = sum(r["rl_failures"].get(k, 0) for r in rs)
             if a or b:
                 lines.append(f"| {k} | {a} | {b} |")
-        lines += ["", "Side-by-side reports: " + ", ".join(f"[seed {r['seed']}]({r['report']})"
-                                                             for r in rs), ""]  # fmt: skip
+        shown = [f"[seed {r['seed']}]({r['report']})" for r in rs if r["report"]]
+        lines += ["", "Side-by-side reports: " + (", ".join(shown) or "none"), ""]
     text = "\n".join(lines)
     (root / "results.md").write_text(text)
     (root / "results.json").write_text(json.dumps(results, indent=2))
@@ -180,7 +226,8 @@ def write(name: str, results: list[dict], root: Path) -> str:
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for variant in dict.fromkeys(r["variant"] for r in results):
-            curves = [r["curve"] for r in results if r["variant"] == variant and r["curve"]]
+            curves = [r["curve"] for r in results
+                      if r["variant"] == variant and r["curve"] and not r.get("gate")]  # fmt: skip
             n = min(len(c) for c in curves) if curves else 0
             if not n:
                 continue

@@ -156,6 +156,13 @@ class TrainerSpec:
     """Peak learning rate of SFT (the ``optimizer`` group's other fields apply; cosine decay over
     ``sft_steps``)."""
     rl_steps: int = 30
+    rl_start_min_success: float = 0.0
+    """RL starts only from a policy whose greedy success on the validation tasks after SFT (or
+    from ``sft_from``) is at least this. Below it the job saves the SFT snapshot, records the
+    numbers (``stages.json``'s ``rl_gate``) and stops with one line naming both: when no sampled
+    episode succeeds, an outcome reward gives RL nothing to reinforce, and the run would spend
+    its RL budget for nothing. Rerunning with a lower value continues into RL from the snapshot
+    (this key may change on resume). 0: never stops (a start at 0 success is still warned)."""
     tasks_per_step: int = 8
     """Tasks per RL step; each is sampled ``rollout.group_size`` times."""
     ppo_epochs: int = 1
@@ -237,7 +244,7 @@ class TrainerSpec:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.validation_tasks is not None and self.validation_tasks < 1:
             raise ValueError(f"validation_tasks={self.validation_tasks} must be >= 1 (or null)")
-        for name in ("error_warn_frac", "error_abort_frac"):
+        for name in ("error_warn_frac", "error_abort_frac", "rl_start_min_success"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1]")
         if self.sft_lr <= 0:

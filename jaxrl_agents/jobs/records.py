@@ -42,7 +42,7 @@ class Keys:
         return int(bits) & 0x7FFFFFFF
 
 
-_RESUME_FREE = {"trainer.progress", "trainer.allow_config_change"}
+_RESUME_FREE = {"trainer.progress", "trainer.allow_config_change", "trainer.rl_start_min_success"}
 """Keys that may change between a run and its resume without a word."""
 
 

@@ -196,6 +196,9 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
             run.checkpoint(tr.sft_steps, state, "rl", 0, force=True)
             run.ckpt.save_sft(tr.sft_steps, state, {"stage": "rl", "stage_step": 0})
             run.offer_best(0, state, val["success"])
+            _gate_rl(run, val)
+        elif step == 0:  # resumed where RL would start: the same gate on the recorded numbers
+            _gate_rl(run, run.record.stages.get("sft_validation"))
         engine.update_weights(system.sampler_view(state.params))
         state = await _rl(run, engine, state, step)
         run.ckpt.wait()
@@ -218,6 +221,32 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
     run.logger.close()
     run.ckpt.close()
     return summary
+
+
+def _gate_rl(run: _Run, val: dict[str, Any] | None) -> None:
+    """``trainer.rl_start_min_success``: stop before RL (the SFT snapshot is saved) when the
+    starting policy's validation success is below it; warn when it is 0 and the gate is off."""
+    tr = run.tr
+    if val is None:  # a folder from before the gate was recorded: nothing to check against
+        return
+    success, n = float(val["success"]), int(val.get("n", 0))
+    passed = success >= tr.rl_start_min_success
+    run.record.set("rl_gate", {"min_success": tr.rl_start_min_success,
+                               "validation_success": success, "passed": passed})  # fmt: skip
+    run.record.save()
+    where = (f"the policy RL would start from solves {success:.3f} of the {n} validation tasks "
+             f"(greedy)")  # fmt: skip
+    if not passed:
+        run.ckpt.wait()
+        raise JobAborted(
+            f"{where}, below trainer.rl_start_min_success={tr.rl_start_min_success}: RL not run. "
+            f"The SFT snapshot is saved in {run.record.dir}; rerun with a lower "
+            "trainer.rl_start_min_success to start RL from it anyway"
+        )
+    if success == 0.0:
+        print(f"WARNING: {where}: an outcome reward has little for RL to reinforce (set "
+              "trainer.rl_start_min_success to stop here instead)",
+              file=sys.stderr, flush=True)  # fmt: skip
 
 
 async def _sft(

@@ -81,6 +81,21 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
         assert stages["sft_from"]["run"] == str(run_dir.resolve())
         assert "partial_credit" in stages["rl_eval"]["reward_terms"]
 
+        # The RL gate (trainer.rl_start_min_success): a seed whose SFT policy is below it stops
+        # before RL (the command fails, as run_command's subprocess would) and is reported as
+        # RL not run, counted as RL = SFT.
+        def failing(cmd, log):
+            monkeypatch.setattr(sys, "argv", [cmd[2], *cmd[3:]])
+            importlib.import_module(cmd[2]).main()
+
+        gated = run_experiment.train_and_eval(
+            name, "mesh=single trainer.rl_start_min_success=1.0", 0, root, True,
+            runner=failing, sft_from=run_dir,
+        )  # fmt: skip
+        assert gated["gate"]["passed"] is False and gated["rl"] == gated["sft"] == result["sft"]
+        text = run_experiment.write(name, [result, gated], root)
+        assert "< 1.0 | +0.0 |" in text and "RL not run on seed(s) 0" in text, text
+
 
 VARIANTS = ["advantage=turn_level loss=ppo_value", "a=1,2", "env.tasks.kinds=[city_range_orders]",
             "x={a: 'b'}"]  # fmt: skip
