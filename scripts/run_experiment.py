@@ -238,7 +238,8 @@ def write(name: str, results: list[dict], root: Path) -> str:
         ax.set_xlabel("environment steps (RL)")
         ax.set_ylabel("validation success")
         ax.set_title(f"{name}: mean and range over seeds")
-        ax.legend()
+        if ax.lines:  # none when every run stopped before RL
+            ax.legend()
         fig.tight_layout()
         fig.savefig(root / "curves.png", dpi=120)
     except ImportError:
