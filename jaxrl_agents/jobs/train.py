@@ -227,15 +227,15 @@ def _gate_rl(run: _Run, val: dict[str, Any] | None) -> None:
     """``trainer.rl_start_min_success``: stop before RL (the SFT snapshot is saved) when the
     starting policy's validation success is below it; warn when it is 0 and the gate is off."""
     tr = run.tr
-    if val is None:  # a folder from before the gate was recorded: nothing to check against
+    if val is None or tr.rl_steps == 0:  # no recorded numbers (an older folder), or no RL
         return
     success, n = float(val["success"]), int(val.get("n", 0))
     passed = success >= tr.rl_start_min_success
     run.record.set("rl_gate", {"min_success": tr.rl_start_min_success,
                                "validation_success": success, "passed": passed})  # fmt: skip
     run.record.save()
-    where = (f"the policy RL would start from solves {success:.3f} of the {n} validation tasks "
-             f"(greedy)")  # fmt: skip
+    where = (f"the policy RL would start from solves {round(success * n)} of the {n} validation "
+             f"tasks ({success:.3f}, greedy)")  # fmt: skip
     if not passed:
         run.ckpt.wait()
         raise JobAborted(

@@ -26,7 +26,7 @@ def test_gate_stops_before_rl_and_a_lower_bar_resumes(tmp_path, monkeypatch, cap
     # 4 SFT steps of a fresh tiny model solve none of the validation tasks
     assert gate == {"min_success": 1.0, "validation_success": 0.0, "passed": False}
     assert code == 1, err[-600:]
-    assert "solves 0.000 of the 2 validation tasks" in err
+    assert "solves 0 of the 2 validation tasks (0.000, greedy)" in err
     assert "below trainer.rl_start_min_success=1.0: RL not run" in err
     assert not (run / "summary.json").exists()
     assert _rows(run, "rl") == []  # no RL step ran
@@ -37,7 +37,7 @@ def test_gate_stops_before_rl_and_a_lower_bar_resumes(tmp_path, monkeypatch, cap
     assert _main([*FAST, f"run_dir={run}", "trainer.rl_start_min_success=0"], monkeypatch) == 0
     out, err = capsys.readouterr()
     assert "resuming from checkpoint: stage=rl step=0" in out
-    assert "WARNING: the policy RL would start from solves 0.000" in err
+    assert "WARNING: the policy RL would start from solves 0 of the 2" in err
     assert _rows(run, "sft").count(4) == 1 and _rows(run, "rl") == [1, 2]
     stages = json.loads((run / "stages.json").read_text())
     assert stages["rl_gate"] == {"min_success": 0.0, "validation_success": 0.0, "passed": True}
@@ -50,3 +50,11 @@ def test_gate_value_is_checked(tmp_path, monkeypatch, capsys):
     assert code not in (0, None)
     assert "rl_start_min_success=1.5 must lie in [0, 1]" in capsys.readouterr().err
     assert not (tmp_path / "x" / "checkpoints").exists()  # stopped before anything was built
+
+
+def test_no_gate_without_rl(tmp_path, monkeypatch):
+    run = tmp_path / "sft_only"  # trainer.rl_steps=0: nothing to gate, the job finishes
+    argv = [*FAST, f"run_dir={run}", "trainer.rl_steps=0", "trainer.rl_start_min_success=1.0"]
+    assert _main(argv, monkeypatch) == 0
+    assert (run / "summary.json").exists()
+    assert "rl_gate" not in json.loads((run / "stages.json").read_text())
