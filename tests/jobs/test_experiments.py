@@ -81,21 +81,6 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
         assert stages["sft_from"]["run"] == str(run_dir.resolve())
         assert "partial_credit" in stages["rl_eval"]["reward_terms"]
 
-        # The RL gate (trainer.rl_start_min_success): a seed whose SFT policy is below it stops
-        # before RL (the command fails, as run_command's subprocess would) and is reported as
-        # RL not run, counted as RL = SFT.
-        def failing(cmd, log):
-            monkeypatch.setattr(sys, "argv", [cmd[2], *cmd[3:]])
-            importlib.import_module(cmd[2]).main()
-
-        gated = run_experiment.train_and_eval(
-            name, "mesh=single trainer.rl_start_min_success=1.0", 0, root, True,
-            runner=failing, sft_from=run_dir,
-        )  # fmt: skip
-        assert gated["gate"]["passed"] is False and gated["rl"] == gated["sft"] == result["sft"]
-        text = run_experiment.write(name, [result, gated], root)
-        assert "< 1.0 | +0.0 |" in text and "RL not run on seed(s) 0" in text, text
-
 
 VARIANTS = ["advantage=turn_level loss=ppo_value", "a=1,2", "env.tasks.kinds=[city_range_orders]",
             "x={a: 'b'}"]  # fmt: skip
@@ -108,6 +93,37 @@ def test_variant_folder_is_a_valid_hydra_value(variant):
     name = run_experiment.slug(variant)
     (o,) = OverridesParser.create().parse_overrides([f"run_dir=/tmp/exp/{name}/seed0"])
     assert o.value() == f"/tmp/exp/{name}/seed0" and name != "base"
+
+
+def test_a_seed_stopped_at_the_rl_gate_counts_as_no_change(tmp_path):
+    """A train command that stops at the RL gate (trainer.rl_start_min_success; the job's side is
+    tests/jobs/test_rl_gate.py) fails as run_command's subprocess would; the script reports the
+    seed as RL not run, counted as RL = SFT, and leaves it out of the curves."""
+    gate = {"min_success": 0.05, "validation_success": 0.02, "passed": False}
+
+    def stops_at_the_gate(cmd, log):
+        run_dir = pathlib.Path(next(a for a in cmd if a.startswith("run_dir="))[8:])
+        run_dir.mkdir(parents=True)
+        sft = {"success": 0.05, "failure_modes": {"premature": 40}}
+        (run_dir / "stages.json").write_text(json.dumps({"sft_eval": sft, "rl_gate": gate}))
+        raise SystemExit("failed: jaxrl-train ...")
+
+    def other_failure(cmd, log):
+        raise SystemExit("failed: jaxrl-train ...")
+
+    root = tmp_path / "experiments" / "sql"
+    r = run_experiment.train_and_eval("sql", "", 1, root, False, runner=stops_at_the_gate)
+    assert r["gate"] == gate and r["sft"] == r["rl"] == 0.05 and r["report"] is None
+    with pytest.raises(SystemExit):  # any other failure still stops the script
+        run_experiment.train_and_eval("sql", "x=1", 1, root, False, runner=other_failure)
+    ok = {"variant": "base", "seed": 0, "sft": 0.5, "rl": 0.7, "wall_s": 1.0, "report": "r.html",
+          "sft_failures": {"premature": 3}, "rl_failures": {"premature": 1},
+          "curve": [(0.0, 0.5), (10.0, 0.7)]}  # fmt: skip
+    text = run_experiment.write("sql", [ok, r], root)
+    assert "| 1 | 0.050 | not run: SFT validation 0.020 < 0.05 | +0.0 | |" in text
+    assert "| mean change (points) | +10.0 (-117.1 to +137.1) | | | |" in text  # +20 and 0
+    assert "RL not run on seed(s) 1" in text and "| premature | 43 | 41 |" in text
+    assert "[seed 0](r.html)" in text and "[seed 1]" not in text
 
 
 def test_tables_compare_variants_with_t_intervals(tmp_path):
