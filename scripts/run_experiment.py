@@ -82,12 +82,11 @@ def train_and_eval(
     if not (run_dir / "summary.json").exists():
         try:
             run([*py, "jaxrl_agents.cli.train", *overrides], run_dir / "train_console.log")
-        except SystemExit:
-            if stopped_at_gate(run_dir) is None:
+        except SystemExit:  # stopped at the RL gate (a rerun stops there again), or a failure
+            result = gated_result(name, variant, seed, run_dir)
+            if result is None:
                 raise
-    gate = stopped_at_gate(run_dir)
-    if gate is not None and not (run_dir / "summary.json").exists():
-        return gated_result(name, variant, seed, run_dir, gate)
+            return result
     summary = json.loads((run_dir / "summary.json").read_text())
     cfg = json.loads((run_dir / "config.json").read_text())
     out = run_dir / "eval"
@@ -125,18 +124,17 @@ def train_and_eval(
     }  # fmt: skip
 
 
-def stopped_at_gate(run_dir: Path) -> dict | None:
-    """The run's ``rl_gate`` record when it stopped before RL: its SFT policy's validation
-    success was below ``trainer.rl_start_min_success``; None otherwise."""
+def gated_result(name: str, variant: str, seed: int, run_dir: Path) -> dict | None:
+    """A (variant, seed) that stopped at the RL gate (its SFT policy's validation success below
+    ``trainer.rl_start_min_success``; ``stages.json``'s ``rl_gate``), None if it did not. Its
+    final policy is the SFT policy, so its RL numbers are the SFT's (a change of 0 in the means;
+    the tables say so) and it has no curve."""
     path = run_dir / "stages.json"
-    gate = json.loads(path.read_text()).get("rl_gate") if path.exists() else None
-    return gate if gate is not None and not gate["passed"] else None
-
-
-def gated_result(name: str, variant: str, seed: int, run_dir: Path, gate: dict) -> dict:
-    """A (variant, seed) whose RL did not run: the final policy is the SFT policy, so its RL
-    numbers are the SFT's (a change of 0 in the means; the tables say so)."""
-    sft = json.loads((run_dir / "stages.json").read_text())["sft_eval"]
+    stages = json.loads(path.read_text()) if path.exists() else {}
+    gate = stages.get("rl_gate")
+    if gate is None or gate["passed"]:
+        return None
+    sft = stages["sft_eval"]
     print(f"  {name} [{variant or 'base'}] seed {seed}: RL not run (SFT validation success "
           f"{gate['validation_success']:.3f} < trainer.rl_start_min_success="
           f"{gate['min_success']}); counted as RL = SFT")  # fmt: skip
@@ -144,8 +142,7 @@ def gated_result(name: str, variant: str, seed: int, run_dir: Path, gate: dict) 
     return {
         "variant": variant or "base", "seed": seed, "run_dir": str(run_dir),
         "sft": sft["success"], "rl": sft["success"], "gate": gate,
-        "sft_failures": fails, "rl_failures": fails, "wall_s": None,
-        "curve": [(0.0, gate["validation_success"])], "report": None,
+        "sft_failures": fails, "rl_failures": fails, "wall_s": None, "curve": [], "report": None,
     }  # fmt: skip
 
 
@@ -226,8 +223,7 @@ def write(name: str, results: list[dict], root: Path) -> str:
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for variant in dict.fromkeys(r["variant"] for r in results):
-            curves = [r["curve"] for r in results
-                      if r["variant"] == variant and r["curve"] and not r.get("gate")]  # fmt: skip
+            curves = [r["curve"] for r in results if r["variant"] == variant and r["curve"]]
             n = min(len(c) for c in curves) if curves else 0
             if not n:
                 continue

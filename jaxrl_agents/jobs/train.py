@@ -196,8 +196,7 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
             run.checkpoint(tr.sft_steps, state, "rl", 0, force=True)
             run.ckpt.save_sft(tr.sft_steps, state, {"stage": "rl", "stage_step": 0})
             run.offer_best(0, state, val["success"])
-            _gate_rl(run, val)
-        elif step == 0:  # resumed where RL would start: the same gate on the recorded numbers
+        if step == 0:  # RL starts here (after SFT, or resumed where it would): the gate
             _gate_rl(run, run.record.stages.get("sft_validation"))
         engine.update_weights(system.sampler_view(state.params))
         state = await _rl(run, engine, state, step)
