@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-QUICK = ["trainer.sft_steps=4", "trainer.sft_examples=16", "trainer.sft_batch_size=8",
+QUICK = ["trainer.sft_steps=4", "trainer.sft_examples=16", "trainer.sft_batch_size=4",
          "trainer.rl_steps=2", "trainer.tasks_per_step=2", "rollout.group_size=2",
          "trainer.eval_every=1", "trainer.heldout_tasks=4", "trainer.validation_tasks=4",
          "trainer.checkpoint_every=1", "trainer.async_checkpoints=false",

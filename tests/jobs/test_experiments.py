@@ -40,6 +40,14 @@ def test_preset_passes_the_start_up_checks(name):
     assert need["turns"] <= cfg.rollout.max_turns
 
 
+LIMITS = {"travel": ("rollout.max_turns=5", "rollout.max_new_tokens=176"),
+          "sql": ("rollout.max_turns=5", "rollout.max_new_tokens=128")}  # fmt: skip
+"""Four SFT steps leave a random policy that runs every episode to the limits: the script path
+below runs under limits nearer what the oracle's episodes need (travel: 4 turns of up to 153
+tokens; sql: 4 of up to 113), which the job's own start-up check holds it to. The presets' own
+limits are checked above."""
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
     def in_process(cmd, log):  # cmd: [python, -m, module, *args] as run_command would run it
@@ -53,7 +61,8 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)  # Hydra's own output folders land here
     root = tmp_path / "experiments" / name
-    variant = "mesh=single"  # the suite's process simulates 8 devices
+    # the suite's process simulates 8 devices; LIMITS: see there
+    variant = " ".join(["mesh=single", *LIMITS.get(name, ())])
     result = run_experiment.train_and_eval(name, variant, 0, root, True, runner=in_process)
     for key in ("sft", "rl"):
         assert 0.0 <= result[key] <= 1.0, (key, result)
@@ -74,7 +83,7 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
     assert "one seed: no interval" in text and "nan" not in text
     assert (root / "results.json").exists() and (root / "curves.png").stat().st_size > 0
     if name == "sql":  # --share-sft: a reward-design variant's RL from this run's SFT result
-        other = run_experiment.train_and_eval(name, "mesh=single reward=dense", 0, root, True,
+        other = run_experiment.train_and_eval(name, f"{variant} reward=dense", 0, root, True,
                                               runner=in_process, sft_from=run_dir)  # fmt: skip
         assert other["sft"] == result["sft"]  # the same SFT policy, evaluated again
         stages = json.loads((pathlib.Path(other["run_dir"]) / "stages.json").read_text())

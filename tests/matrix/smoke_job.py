@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-SMOKE = ["trainer=smoke", "trainer.sft_steps=2", "trainer.rl_steps=2", "trainer.heldout_tasks=2",
-         "trainer.eval_every=0", "trainer.export=false", "sampler.max_slots=8",
-         "rollout.group_size=2", "mesh=single"]  # fmt: skip
+SMOKE = ["trainer=smoke", "trainer.sft_steps=2", "trainer.sft_batch_size=4", "trainer.rl_steps=2",
+         "trainer.heldout_tasks=2", "trainer.eval_every=0", "trainer.export=false",
+         "sampler.max_slots=8", "rollout.group_size=2", "mesh=single"]  # fmt: skip
 
 
 def files(*groups: str) -> list[tuple[str, str]]:
