@@ -56,6 +56,20 @@ def _diff(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     return {} if old == new else {prefix: (old, new)}
 
 
+def _as_json(cfg: Any) -> Any:
+    """A config as its run folder records it (JSON round trip: tuples -> lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def _paths(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Every dotted key of a nested dict (sections too) -> its value."""
+    out: dict[str, Any] = {prefix: tree} if prefix else {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(_paths(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
 def every(n: int, step: int) -> bool:
     """Whether periodic work with period ``n`` (0: never) is due after ``step`` (1-based)."""
     return n > 0 and step % n == 0
@@ -91,12 +105,20 @@ class RunRecord:
                 f"run_dir={str(self.dir)!r} already holds checkpoints and trainer.resume=false: "
                 "use a new run_dir (or delete the folder) to start over"
             )
-        # The config as the folder would record it now (JSON round trip: tuples -> lists).
-        new = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+        changed = _diff(json.loads(path.read_text()), _as_json(cfg))
+        # A key the folder's config lacks was added by a newer version of the package; at its
+        # default it keeps the run as it was made (new options default to the old behaviour),
+        # so it does not stop a resume after an upgrade. Any other value is a change.
+        defaults = _paths(_as_json(type(cfg)()))
+        added = sorted(k for k, (a, b) in changed.items()
+                       if a == "<absent>" and k in defaults and b == defaults[k])  # fmt: skip
+        if added:
+            print(f"resuming a run made before these keys existed, at their defaults: "
+                  f"{', '.join(f'{k}={changed[k][1]!r}' for k in added)}", flush=True)  # fmt: skip
         diffs = [
             f"{k}: {a!r} -> {b!r}"
-            for k, (a, b) in _diff(json.loads(path.read_text()), new).items()
-            if k not in _RESUME_FREE
+            for k, (a, b) in changed.items()
+            if k not in _RESUME_FREE and k not in added
         ]
         if diffs and not cfg.trainer.allow_config_change:
             shown = "; ".join(diffs[:6]) + (f"; ... ({len(diffs)} keys)" if len(diffs) > 6 else "")

@@ -68,6 +68,27 @@ def test_a_different_config_is_refused_before_anything_is_written(tmp_path, caps
     assert "trainer.resume=false" in capsys.readouterr().err
 
 
+def test_a_run_made_before_a_key_existed_resumes_at_its_default(tmp_path, capsys):
+    """After an upgrade that added a config key, a run folder whose config.json lacks it resumes
+    when the key is at its default (the old behaviour), and is refused at any other value."""
+    import dataclasses
+
+    from jaxrl_agents.jobs.config import ConfigError, RunConfig, TrainerSpec
+    from jaxrl_agents.jobs.records import RunRecord
+
+    cfg = RunConfig(run_dir=str(tmp_path))
+    old = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    del old["trainer"]["rl_start_min_success"], old["trainer"]["sft_lr"]  # "added" since
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    RunRecord(tmp_path).check_config(cfg, has_checkpoints=True)
+    out = capsys.readouterr().out
+    assert ("resuming a run made before these keys existed, at their defaults: "
+            "trainer.rl_start_min_success=0.0, trainer.sft_lr=0.001") in out  # fmt: skip
+    bumped = dataclasses.replace(cfg, trainer=TrainerSpec(sft_lr=2e-3))
+    with pytest.raises(ConfigError, match=r"trainer.sft_lr: '<absent>' -> 0.002"):
+        RunRecord(tmp_path).check_config(bumped, has_checkpoints=True)
+
+
 def test_kill_and_resume_keeps_the_sft_reference_and_logs_each_step_once(tmp_path):
     from jaxrl_agents.jobs.restore import load_policy
 
