@@ -155,6 +155,13 @@ class TrainerSpec:
     sft_lr: float = 1e-3
     """Peak learning rate of SFT (the ``optimizer`` group's other fields apply; cosine decay over
     ``sft_steps``)."""
+    sft_copy_steps: int = 0
+    """Of the ``sft_steps``, how many come first on synthetic copy rows (random token runs, each
+    repeated at a random distance; ``jobs.copy_rows``) instead of golden data: they give a freshly
+    initialised model the in-context copy (an induction head) a pretrained checkpoint already has.
+    The tiny model forms it in ~500 steps (EXPERIMENTS.md). 0: none; leave 0 for a checkpoint."""
+    sft_copy_batch: int = 32
+    """Copy rows (of 64 tokens) per copy step."""
     rl_steps: int = 30
     rl_start_min_success: float = 0.0
     """RL starts only from a policy whose greedy success on the validation tasks after SFT (or
@@ -232,12 +239,13 @@ class TrainerSpec:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("sft_steps", "rl_steps", "eval_every", "log_trajectories_every"):
+        for name in ("sft_steps", "sft_copy_steps", "rl_steps", "eval_every",
+                     "log_trajectories_every"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
         for name in (
-            "sft_batch_size", "sft_examples", "tasks_per_step", "ppo_epochs", "minibatches",
-            "microbatches", "logprob_chunk", "heldout_tasks", "checkpoint_every",
+            "sft_batch_size", "sft_copy_batch", "sft_examples", "tasks_per_step", "ppo_epochs",
+            "minibatches", "microbatches", "logprob_chunk", "heldout_tasks", "checkpoint_every",
             "keep_checkpoints", "dynamic_max_rounds",
         ):  # fmt: skip
             if getattr(self, name) < 1:
@@ -247,6 +255,11 @@ class TrainerSpec:
         for name in ("error_warn_frac", "error_abort_frac", "rl_start_min_success"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1]")
+        if self.sft_copy_steps and self.sft_copy_steps >= self.sft_steps:
+            raise ValueError(
+                f"sft_copy_steps={self.sft_copy_steps} must be < sft_steps={self.sft_steps}: the "
+                "copy steps are the first of the SFT steps, and golden data needs some"
+            )
         if self.sft_lr <= 0:
             raise ValueError(f"sft_lr={self.sft_lr} must be > 0")
         if self.dynamic_sampling_on not in ("reward", "outcome"):

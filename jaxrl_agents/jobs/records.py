@@ -12,8 +12,8 @@ import jax
 import numpy as np
 
 PURPOSES = (
-    "model_init", "sft_tasks", "sft_oracle", "sft_order", "rl_tasks", "rollout", "update",
-    "refill", "rollout_refill",
+    "model_init", "sft_tasks", "sft_oracle", "sft_order", "sft_copy", "rl_tasks", "rollout",
+    "update", "refill", "rollout_refill",
 )  # fmt: skip
 """The run's independent random streams, one per purpose."""
 

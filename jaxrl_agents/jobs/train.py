@@ -46,6 +46,7 @@ from jaxrl_agents.jobs.build import (
     check_oracle_fits,
 )
 from jaxrl_agents.jobs.config import JobAborted, RunConfig
+from jaxrl_agents.jobs.copy_rows import copy_rows, ordinary_ids
 from jaxrl_agents.jobs.records import Keys, RunRecord, every
 from jaxrl_agents.jobs.sft_data import SftFile, load_for_run
 from jaxrl_agents.jobs.steps import StepSource
@@ -97,7 +98,11 @@ class _Run:
         n_train = max(self.tr.rl_steps * self.tr.tasks_per_step, 1)
         self.train_tasks = env.tasks("train", n_train, seed=self.keys.seed("rl_tasks"))
         opt = cfg.optimizer
-        sft_opt = dataclasses.replace(opt, lr=self.tr.sft_lr, decay_steps=self.tr.sft_steps)
+        # SFT's copy steps (trainer.sft_copy_steps) hold the peak lr; the golden steps decay.
+        copies = self.tr.sft_copy_steps
+        sft_opt = dataclasses.replace(
+            opt, lr=self.tr.sft_lr, hold_steps=copies, decay_steps=self.tr.sft_steps - copies
+        )
         self.sft_tx, self.rl_tx = sft_opt.build(), opt.build()
 
     def fresh_state(self, params: Any, tx: Any) -> TrainState:
@@ -267,21 +272,38 @@ async def _sft(
         microbatches=tr.microbatches, rest=system.rest,
     )  # fmt: skip
     order = np.random.default_rng(run.keys.seed("sft_order")).permutation(len(data))
+    copies = tr.sft_copy_steps
+    vocab = ordinary_ids(system.chat.tokenizer) if start < copies else None
+    if start < copies:
+        print(f"SFT: steps {start + 1}-{copies} on synthetic copy rows (trainer.sft_copy_steps), "
+              f"then {tr.sft_steps - copies} on the golden data", flush=True)  # fmt: skip
     # Every process holds all golden data (scripted, or read from the file) and packs its share
     # of each batch.
     share = D.even_share(tr.sft_batch_size, "trainer.sft_batch_size")
+    copy_share = D.even_share(tr.sft_copy_batch, "trainer.sft_copy_batch") if copies else share
     bar = run.bar(start, tr.sft_steps, "SFT")
     for s in bar:
-        idx = [order[(s * tr.sft_batch_size + j) % len(data)] for j in range(tr.sft_batch_size)]
+        if s < copies:  # drawn from the step's own stream: a resumed run draws the same rows
+            rng = np.random.default_rng(run.keys.seed("sft_copy", s))
+            rows = copy_rows(rng, vocab, tr.sft_copy_batch)
+        else:
+            g = (s - copies) * tr.sft_batch_size
+            rows = [data[order[(g + j) % len(data)]] for j in range(tr.sft_batch_size)]
         batch = system.collector.sft_batch(
-            [data[i] for i in idx], share, pack=tr.pack_rows, row_multiple=tr.microbatches
+            rows,
+            copy_share if s < copies else share,
+            pack=tr.pack_rows,
+            row_multiple=tr.microbatches,
         )
         state, m = step_fn(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
         if every(10, s + 1) or s + 1 == tr.sft_steps:
             m = D.host_value(m)
+            key = "copy_nll" if s < copies else "nll"  # the copy rows' loss is its own curve
+            if s < copies:
+                m = {f"copy_{k}": v for k, v in m.items()}
             run.logger.log(s + 1, m, stage="sft")
             if hasattr(bar, "set_postfix"):
-                bar.set_postfix(nll=f"{float(m['nll']):.3f}")
+                bar.set_postfix({key: f"{float(m[key]):.3f}"})
         if every(tr.checkpoint_every * 5, s + 1) and s + 1 < tr.sft_steps:
             run.checkpoint(s + 1, state, "sft", s + 1)
     return state

@@ -49,6 +49,9 @@ class OptimizerConfig:
     ``lr * (k + 1) / (warmup_steps + 1)``, so the first update is never a no-op (0: none)."""
     decay_steps: int = 0
     """Cosine decay length after warmup (0 = constant after warmup)."""
+    hold_steps: int = 0
+    """Updates at the peak ``lr`` between the warmup and the cosine decay. SFT sets its own: its
+    copy steps (``trainer.sft_copy_steps``), so the golden steps get the whole decay."""
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     b1: float = 0.9
@@ -60,10 +63,9 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         if self.lr <= 0:
             raise ValueError(f"lr={self.lr} must be > 0")
-        if self.warmup_steps < 0 or self.decay_steps < 0:
-            raise ValueError(
-                f"warmup_steps={self.warmup_steps} and decay_steps={self.decay_steps} must be >= 0"
-            )
+        for name in ("warmup_steps", "decay_steps", "hold_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio={self.min_lr_ratio} must lie in [0, 1]")
         if not (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0):
@@ -74,16 +76,24 @@ class OptimizerConfig:
                 f"eps={self.eps} > 0"
             )
 
-    def build(self) -> optax.GradientTransformation:
+    def schedule(self) -> optax.Schedule:
+        """The learning rate of update ``k``: warmup, ``hold_steps`` at ``lr``, cosine decay."""
         w = self.warmup_steps
         if self.decay_steps > 0:
             after = optax.cosine_decay_schedule(self.lr, self.decay_steps, self.min_lr_ratio)
         else:
             after = optax.constant_schedule(self.lr)
-        sched = after
-        if w > 0:
-            warm = optax.linear_schedule(self.lr / (w + 1), self.lr * w / (w + 1), max(w - 1, 1))
-            sched = optax.join_schedules([warm, after], [w])
+        if self.hold_steps > 0 and self.decay_steps > 0:
+            after = optax.join_schedules(
+                [optax.constant_schedule(self.lr), after], [self.hold_steps]
+            )
+        if w == 0:
+            return after
+        warm = optax.linear_schedule(self.lr / (w + 1), self.lr * w / (w + 1), max(w - 1, 1))
+        return optax.join_schedules([warm, after], [w])
+
+    def build(self) -> optax.GradientTransformation:
+        sched = self.schedule()
         parts = [optax.clip_by_global_norm(self.grad_clip)] if self.grad_clip > 0 else []
         parts.append(
             optax.adamw(sched, b1=self.b1, b2=self.b2, eps=self.eps, weight_decay=self.weight_decay)
