@@ -33,6 +33,8 @@ def test_preset_passes_the_start_up_checks(name):
     from jaxrl_agents.cli.train import to_run_config
     from jaxrl_agents.jobs.build import build_train, check_oracle_fits
 
+    own = to_run_config(compose("config", [f"experiment={name}"]))  # the preset's own values
+    assert own.trainer.sft_copy_steps < own.trainer.sft_steps
     cfg = to_run_config(compose("config", [f"experiment={name}", "mesh=single", *QUICK]))
     assert cfg.name == f"exp_{name}" and cfg.env.name == name
     assert any(v > 0 for v in cfg.env.oracle.values())  # the annotator defect is on
