@@ -153,8 +153,8 @@ class TrainerSpec:
     job stops naming the keys that differ; so RL recipes compare from one SFT result at a
     fraction of the cost (``scripts/run_experiment.py --share-sft``). None: run SFT here."""
     sft_lr: float = 1e-3
-    """Peak learning rate of SFT (the ``optimizer`` group's other fields apply; cosine decay over
-    ``sft_steps``)."""
+    """Peak learning rate of SFT (the ``optimizer`` group's other fields apply; held over the
+    ``sft_copy_steps``, then a cosine decay over the rest of the ``sft_steps``)."""
     sft_copy_steps: int = 0
     """Of the ``sft_steps``, how many come first on synthetic copy rows (random token runs, each
     repeated at a random distance; ``jobs.copy_rows``) instead of golden data: they give a freshly
