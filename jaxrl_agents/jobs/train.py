@@ -273,8 +273,9 @@ async def _sft(
     )  # fmt: skip
     order = np.random.default_rng(run.keys.seed("sft_order")).permutation(len(data))
     copies = tr.sft_copy_steps
-    vocab = ordinary_ids(system.chat.tokenizer) if start < copies else None
+    vocab = None
     if start < copies:
+        vocab = ordinary_ids(system.chat.tokenizer)
         print(f"SFT: steps {start + 1}-{copies} on synthetic copy rows (trainer.sft_copy_steps), "
               f"then {tr.sft_steps - copies} on the golden data", flush=True)  # fmt: skip
     # Every process holds all golden data (scripted, or read from the file) and packs its share
