@@ -6,6 +6,8 @@
         "advantage=turn_level loss=ppo_value"                        # credit assignment
     python scripts/run_experiment.py research --variants reward=dense reward=demo
     python scripts/run_experiment.py sql --share-sft --variants "" advantage=grpo  # one SFT a seed
+    python scripts/run_experiment.py research --sft-seed 2 --seeds 2 0 1 --variants "" \
+        advantage=grpo        # one SFT in all; --seeds are RL seeds (trainer.rl_seed)
 
 Each (variant, seed) trains with ``jaxrl-train experiment=<name> seed=<s> <variant>`` in its own
 run folder ``experiments/<name>/<variant>/seed<s>`` (a rerun resumes it), then ``jaxrl-eval`` puts
@@ -70,15 +72,22 @@ def train_and_eval(
     quick: bool,
     runner=None,
     sft_from: Path | None = None,
+    sft_seed: int | None = None,
 ) -> dict:
     """Train (unless the run folder is finished) and evaluate one (variant, seed); ``runner(cmd,
     log)`` runs a ``python -m <module> ...`` command (default :func:`run_command`, a subprocess);
-    ``sft_from``: a run folder whose SFT result RL starts from (``trainer.sft_from``)."""
+    ``sft_from``: a run folder whose SFT result RL starts from (``trainer.sft_from``);
+    ``sft_seed``: the run's seed is ``sft_seed`` and ``seed`` is its RL seed alone
+    (``trainer.rl_seed``; folder ``sft<sft_seed>-rl<seed>``)."""
     run = runner or run_command
-    run_dir = root / slug(variant) / f"seed{seed}"
+    if sft_seed is None:
+        run_dir, seeds = root / slug(variant) / f"seed{seed}", [f"seed={seed}"]
+    else:
+        run_dir = root / slug(variant) / f"sft{sft_seed}-rl{seed}"
+        seeds = [f"seed={sft_seed}", f"trainer.rl_seed={seed}"]
     py = [sys.executable, "-m"]
     # a variant's overrides come last: they may override QUICK's too
-    overrides = [f"experiment={name}", f"seed={seed}", f"run_dir={run_dir}",
+    overrides = [f"experiment={name}", *seeds, f"run_dir={run_dir}",
                  *(QUICK if quick else []), *variant.split()]  # fmt: skip
     if sft_from is not None:
         overrides.append(f"trainer.sft_from={sft_from}")
@@ -86,7 +95,7 @@ def train_and_eval(
         try:
             run([*py, "jaxrl_agents.cli.train", *overrides], run_dir / "train_console.log")
         except SystemExit:  # stopped at the RL gate (a rerun stops there again), or a failure
-            result = gated_result(name, variant, seed, run_dir)
+            result = gated_result(name, variant, seed, run_dir, sft_seed)
             if result is None:
                 raise
             return result
@@ -97,7 +106,7 @@ def train_and_eval(
         # no env=: jaxrl-eval takes the run's own env (its task generator, options, oracle), so
         # the report's held-out tasks are the ones the run was evaluated on
         ev = [f"policies=[{run_dir}@sft,{run_dir}@latest]", f"out={out}",
-              f"tasks={cfg['trainer']['heldout_tasks']}", f"seed={seed}",
+              f"tasks={cfg['trainer']['heldout_tasks']}", f"seed={cfg['seed']}",
               f"rollout.max_turns={cfg['rollout']['max_turns']}",
               f"rollout.max_new_tokens={cfg['rollout']['max_new_tokens']}",
               f"rollout.max_total_tokens={cfg['rollout']['max_total_tokens']}",
@@ -118,7 +127,8 @@ def train_and_eval(
     if final is not None and env_steps > 0 and (not curve or curve[-1][0] < env_steps):
         curve.append((env_steps, final))
     return {
-        "variant": variant or "base", "seed": seed, "run_dir": str(run_dir),
+        "variant": variant or "base", "seed": seed, "sft_seed": sft_seed,
+        "run_dir": str(run_dir),
         "sft": summary["sft_heldout_success"], "rl": summary["rl_heldout_success"],
         "sft_failures": (summary.get("sft") or {}).get("failure_modes", {}),
         "rl_failures": (summary.get("rl") or {}).get("failure_modes", {}),
@@ -127,7 +137,9 @@ def train_and_eval(
     }  # fmt: skip
 
 
-def gated_result(name: str, variant: str, seed: int, run_dir: Path) -> dict | None:
+def gated_result(
+    name: str, variant: str, seed: int, run_dir: Path, sft_seed: int | None = None
+) -> dict | None:
     """A (variant, seed) that stopped at the RL gate (its SFT policy's validation success below
     ``trainer.rl_start_min_success``; ``stages.json``'s ``rl_gate``), None if it did not. Its
     final policy is the SFT policy, so its RL numbers are the SFT's (a change of 0 in the means;
@@ -143,8 +155,8 @@ def gated_result(name: str, variant: str, seed: int, run_dir: Path) -> dict | No
           f"{gate['min_success']}); counted as RL = SFT")  # fmt: skip
     fails = sft.get("failure_modes", {})
     return {
-        "variant": variant or "base", "seed": seed, "run_dir": str(run_dir),
-        "sft": sft["success"], "rl": sft["success"], "gate": gate,
+        "variant": variant or "base", "seed": seed, "sft_seed": sft_seed,
+        "run_dir": str(run_dir), "sft": sft["success"], "rl": sft["success"], "gate": gate,
         "sft_failures": fails, "rl_failures": fails, "wall_s": None, "curve": [], "report": None,
     }  # fmt: skip
 
@@ -166,6 +178,11 @@ def span(lo: float, hi: float, fmt: str = ".3f", sep: str = "-") -> str:
 
 def write(name: str, results: list[dict], root: Path) -> str:
     lines = [f"## Experiment `{name}`", ""]
+    sft_seeds = sorted({r["sft_seed"] for r in results if r.get("sft_seed") is not None})
+    if sft_seeds:
+        lines += [f"Seeds are RL seeds (`trainer.rl_seed`), every run's RL from the one SFT result "
+                  f"of seed {', '.join(map(str, sft_seeds))}: the intervals are RL's variation "
+                  "alone, not SFT's.", ""]  # fmt: skip
     by_variant: dict[str, list[dict]] = {}
     for r in results:
         by_variant.setdefault(r["variant"], []).append(r)
@@ -258,6 +275,14 @@ def main() -> None:
                          "is); every other variant starts RL from its SFT result of the same "
                          "seed (trainer.sft_from): RL recipes compared from one SFT, at the "
                          "cost of their RL only")  # fmt: skip
+    ap.add_argument(
+        "--sft-seed",
+        type=int,
+        default=None,
+        help="one SFT result for every run: the first (variant, seed) trains it with "
+        "seed=SFT_SEED, every other run starts RL from it; --seeds are then RL "
+        "seeds (trainer.rl_seed), so the intervals hold the SFT policy fixed",
+    )
     args = ap.parse_args()
     root = Path(args.out) / (args.experiment + ("_quick" if args.quick else ""))
     results = []
@@ -265,8 +290,10 @@ def main() -> None:
         for seed in args.seeds:
             print(f"{args.experiment} [{variant or 'base'}] seed {seed}")
             src = root / slug(args.variants[0]) / f"seed{seed}" if args.share_sft and i else None
+            if args.sft_seed is not None and (i or seed != args.seeds[0]):
+                src = root / slug(args.variants[0]) / f"sft{args.sft_seed}-rl{args.seeds[0]}"
             results.append(train_and_eval(args.experiment, variant, seed, root, args.quick,
-                                          sft_from=src))  # fmt: skip
+                                          sft_from=src, sft_seed=args.sft_seed))  # fmt: skip
     print(write(args.experiment, results, root))
 
 

@@ -227,7 +227,8 @@ def build_policy(cfg: RunConfig, *, vocab_size: int, mesh=None):
     if uses_critic(cfg):
         from jaxrl_agents.training.critic import attach_critic
 
-        attach_critic(model, seed=cfg.seed)
+        rl_seed = cfg.trainer.rl_seed
+        attach_critic(model, seed=cfg.seed if rl_seed is None else rl_seed)
     return model
 
 

@@ -152,6 +152,11 @@ class TrainerSpec:
     ``chat``, ``env``, ``seed`` and the ``trainer.sft_*`` fields) must equal that run's, or the
     job stops naming the keys that differ; so RL recipes compare from one SFT result at a
     fraction of the cost (``scripts/run_experiment.py --share-sft``). None: run SFT here."""
+    rl_seed: int | None = None
+    """Seed of RL's own random draws (its training tasks, sampling, updates, refills; a critic's
+    init) instead of the run's ``seed``, which still makes the model, the SFT data and the
+    held-out and validation tasks. With ``sft_from``: several RL seeds from one SFT result, the
+    variation of RL alone (``scripts/run_experiment.py --sft-seed``). None: the run's seed."""
     sft_lr: float = 1e-3
     """Peak learning rate of SFT (the ``optimizer`` group's other fields apply; held over the
     ``sft_copy_steps``, then a cosine decay over the rest of the ``sft_steps``)."""
@@ -268,6 +273,8 @@ class TrainerSpec:
             )
         if self.sft_data is not None and not self.sft_data.strip():
             raise ValueError("sft_data='' is not a path: give a JSONL file or null")
+        if self.rl_seed is not None and (isinstance(self.rl_seed, bool) or self.rl_seed < 0):
+            raise ValueError(f"rl_seed={self.rl_seed!r}: expected an integer >= 0 or null")
         if self.sft_from is not None and not self.sft_from.strip():
             raise ValueError("sft_from='' is not a run folder: give one or null")
         if self.sft_steps > 0 and self.sft_data is None and not self.sft_oracle:

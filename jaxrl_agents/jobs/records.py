@@ -16,19 +16,27 @@ PURPOSES = (
     "update", "refill", "rollout_refill",
 )  # fmt: skip
 """The run's independent random streams, one per purpose."""
+RL_PURPOSES = ("rl_tasks", "rollout", "update", "refill", "rollout_refill")
+"""The streams only RL draws from (``trainer.rl_seed`` reseeds them alone)."""
 
 
 class Keys:
     """PRNG keys made once from the run seed, one per purpose (:data:`PURPOSES`; the stream of a
     purpose is ``fold_in(key(seed), crc32(purpose))``, so adding a purpose changes no other), and
     derived per step with ``fold_in``: what step ``s`` draws depends only on
-    ``(seed, purpose, s)``, so a resumed run draws exactly what an uninterrupted one would."""
+    ``(seed, purpose, s)``, so a resumed run draws exactly what an uninterrupted one would.
+    ``rl_seed``: the :data:`RL_PURPOSES` streams from this seed instead (the same SFT result,
+    other RL draws); None or equal to ``seed``: the run seed's."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, *, rl_seed: int | None = None):
         import zlib
 
-        root = jax.random.key(seed)
-        self._keys = {p: jax.random.fold_in(root, zlib.crc32(p.encode())) for p in PURPOSES}
+        roots = {"": jax.random.key(seed)}
+        roots["rl"] = roots[""] if rl_seed is None else jax.random.key(rl_seed)
+        self._keys = {
+            p: jax.random.fold_in(roots["rl" if p in RL_PURPOSES else ""], zlib.crc32(p.encode()))
+            for p in PURPOSES
+        }
 
     def key(self, purpose: str, step: int | None = None) -> jax.Array:
         if purpose not in self._keys:

@@ -78,7 +78,7 @@ class _Run:
     def __init__(self, cfg: RunConfig, system: TrainSystem):
         self.cfg, self.tr = cfg, cfg.trainer
         self.sys = system
-        self.keys = Keys(cfg.seed)
+        self.keys = Keys(cfg.seed, rl_seed=cfg.trainer.rl_seed)
         self.record = RunRecord(cfg.run_dir)
         ckpt_dir = self.record.dir / "checkpoints"
         # before anything is written:

@@ -149,3 +149,50 @@ def test_tables_compare_variants_with_t_intervals(tmp_path):
     assert "| base | 0 1 | 0.450 | 0.600 | +15.0 (-48.5 to +78.5) |" in text
     assert "| gigpo | 1 | 0.400 | 0.700 | +30.0 (one seed: no interval) |" in text
     assert "| premature | 6 | 2 |" in text and (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
+    """``--sft-seed S``: the first (variant, seed) trains SFT with seed=S; every other run starts
+    RL from that folder's SFT result with its own ``trainer.rl_seed``, and is evaluated on the
+    run's (seed S's) held-out tasks. The commands are recorded by a fake runner that writes what
+    a finished run leaves."""
+    cmds = []
+
+    def fake(cmd, log):
+        args = dict(a.split("=", 1) for a in cmd[3:] if "=" in a and not a.startswith("policies"))
+        cmds.append((cmd[2], args))
+        if cmd[2].endswith("eval"):
+            out = pathlib.Path(args["out"])
+            out.mkdir(parents=True)
+            (out / "report.json").write_text("{}")
+            return
+        run_dir = pathlib.Path(args["run_dir"])
+        run_dir.mkdir(parents=True)
+        cfg = {"seed": int(args["seed"]), "trainer": {"heldout_tasks": 100, "tasks_per_step": 8},
+               "rollout": {"max_turns": 8, "max_new_tokens": 64, "max_total_tokens": 1280,
+                           "group_size": 4}, "sampler": {"max_seq_len": 1280}}  # fmt: skip
+        (run_dir / "config.json").write_text(json.dumps(cfg))
+        (run_dir / "metrics.jsonl").write_text("")
+        summary = {"sft_heldout_success": 0.5, "rl_heldout_success": 0.6}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+
+    real = run_experiment.train_and_eval
+    monkeypatch.setattr(run_experiment, "train_and_eval",
+                        lambda *a, **k: real(*a, runner=fake, **k))  # fmt: skip
+    argv = ["run_experiment.py", "research", "--out", str(tmp_path), "--sft-seed", "2",
+            "--seeds", "0", "1", "--variants", "", "advantage=gigpo"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    run_experiment.main()
+    trains = [a for m, a in cmds if m.endswith("train")]
+    evals = [a for m, a in cmds if m.endswith("eval")]
+    first = tmp_path / "research" / "base" / "sft2-rl0"
+    assert [(a["seed"], a["trainer.rl_seed"], a.get("trainer.sft_from")) for a in trains] == [
+        ("2", "0", None),
+        ("2", "1", str(first)),
+        ("2", "0", str(first)),
+        ("2", "1", str(first)),
+    ]
+    assert trains[3]["run_dir"] == str(tmp_path / "research" / "advantage-gigpo" / "sft2-rl1")
+    assert {a["seed"] for a in evals} == {"2"}  # the run's held-out tasks, not the RL seed's
+    text = (tmp_path / "research" / "results.md").read_text()
+    assert "Seeds are RL seeds (`trainer.rl_seed`)" in text and "of seed 2" in text

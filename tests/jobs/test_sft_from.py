@@ -53,3 +53,32 @@ def test_sft_from_refuses_other_sft_settings(tmp_path, monkeypatch, capsys):
     assert _main(argv, monkeypatch) not in (0, None)
     assert "trainer.sft_from=" in capsys.readouterr().err
     assert not list(tmp_path.glob("[xy]/checkpoints"))  # stopped before anything was built
+
+
+def test_rl_seed_reseeds_rl_alone(tmp_path, monkeypatch, capsys):
+    """``trainer.rl_seed``: several RL seeds from one SFT result (``run_experiment.py
+    --sft-seed``). Equal to the run's seed, RL draws exactly what the source run drew from the
+    same SFT weights; another value draws other RL tasks and samples, while the model, the SFT
+    result and the held-out tasks stay the seed's."""
+
+    def rl_episodes(run):  # every RL step's sampled episodes: (task id, token ids)
+        files = sorted((run / "trajectories").glob("samples_step*.jsonl"))
+        rows = [json.loads(x) for f in files for x in f.read_text().splitlines()]
+        return [(r["task"]["id"], r["token_ids"]) for r in rows]
+
+    src = tmp_path / "base"
+    assert _main([*FAST, f"run_dir={src}"], monkeypatch) == 0
+    runs = {}
+    for rl_seed in (0, 1):
+        runs[rl_seed] = tmp_path / f"rl{rl_seed}"
+        argv = [*FAST, f"run_dir={runs[rl_seed]}", f"trainer.sft_from={src}",
+                f"trainer.rl_seed={rl_seed}"]  # fmt: skip
+        assert _main(argv, monkeypatch) == 0
+    capsys.readouterr()
+    base = rl_episodes(src)
+    assert len(base) == 8  # 2 RL steps of 2 tasks x 2 samples
+    assert rl_episodes(runs[0]) == base  # rl_seed == seed: the source run's RL draws again
+    other = rl_episodes(runs[1])
+    assert len(other) == 8 and not {t for t, _ in other} & {t for t, _ in base}
+    # the same SFT policy on the same held-out tasks
+    assert _stages(runs[1])["sft_eval"] == _stages(src)["sft_eval"]
