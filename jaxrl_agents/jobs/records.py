@@ -31,10 +31,10 @@ class Keys:
     def __init__(self, seed: int, *, rl_seed: int | None = None):
         import zlib
 
-        roots = {"": jax.random.key(seed)}
-        roots["rl"] = roots[""] if rl_seed is None else jax.random.key(rl_seed)
+        root = jax.random.key(seed)
+        rl_root = root if rl_seed is None else jax.random.key(rl_seed)
         self._keys = {
-            p: jax.random.fold_in(roots["rl" if p in RL_PURPOSES else ""], zlib.crc32(p.encode()))
+            p: jax.random.fold_in(rl_root if p in RL_PURPOSES else root, zlib.crc32(p.encode()))
             for p in PURPOSES
         }
 
