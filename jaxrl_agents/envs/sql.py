@@ -703,6 +703,7 @@ def oracle_policy(
     *,
     premature_prob: float = 0.0,
     premature_words: Sequence[str] | None = None,
+    answer_prefix: str = "",
     rng: Any = None,
 ) -> Callable[[list[Message]], Message]:
     """Scripted solver: list tables, describe them, run the reference SQL, answer its first cell.
@@ -713,7 +714,12 @@ def oracle_policy(
     taxonomy); a policy that imitates it must guess the number. ``premature_words`` (e.g.
     ``["Elston", "Fairhaven"]``): the habit only on questions that mention one of these words,
     as an annotator who thinks they know those cities' numbers; a policy imitating it skips the
-    query on exactly those questions, even when decoding greedily."""
+    query on exactly those questions, even when decoding greedily. ``answer_prefix`` (e.g.
+    ``"Answer: "``): the reply is the prefix then the answer (the judge reads the reply's last
+    number, so both forms are right). A small model trained from scratch copies a number's
+    first digit from a position whose only role is to start it; at the bare reply's first
+    position (the assistant header's newline, which also starts tool calls) the 2 x 128 model
+    guesses it (EXPERIMENTS.md, ninth session)."""
     tables = [t for t in ("customers", "orders", "products") if t in task.data["sql"]]
     words = set(re.findall(r"[\w']+", task.data["question"]))
     early = (
@@ -734,9 +740,9 @@ def oracle_policy(
             call = _call(len(tool_msgs), "run_sql", query=task.data["sql"])
             return {"role": "assistant", "content": "", "tool_calls": [call]}
         if early:
-            return {"role": "assistant", "content": str(task.data["answer"])}
+            return {"role": "assistant", "content": answer_prefix + str(task.data["answer"])}
         first_row = tool_msgs[-1]["content"].splitlines()[1]
-        return {"role": "assistant", "content": first_row.split(" | ")[0]}
+        return {"role": "assistant", "content": answer_prefix + first_row.split(" | ")[0]}
 
     return policy
 

@@ -107,3 +107,20 @@ def test_travel_slip_on_one_star_minimum_only():
     assert sum("constraint_drift" in _modes(t) for t in fours) >= 0.8 * len(fours)
     with pytest.raises(ConfigError, match=r"env.oracle: slip_stars='4': expected a list"):
         resolve_env(EnvSpec(name="travel")).oracle({"slip_stars": "4"})
+
+
+def test_sql_answer_prefix_keeps_the_oracle_right_and_the_habit_on_its_cities():
+    """``answer_prefix``: every reply is the prefix and then the number (the query's first cell,
+    or the known number where the habit skips the query); the judge reads the last number, so
+    the oracle still solves every question, and the habit stays on its cities only."""
+    cities = ["Avalon", "Brixton"]
+    opts = {"answer_prefix": "Answer: ", "premature_prob": 1.0, "premature_words": cities}
+    trajs = run("sql", opts, n=40)
+    assert all(t.success for t in trajs)
+    for t in trajs:
+        reply = t.messages[-1]
+        assert reply["role"] == "assistant" and reply["content"].startswith("Answer: ")
+        assert reply["content"][len("Answer: ") :] == str(t.task.data["answer"])
+        named = any(c in t.task.data["question"] for c in cities)
+        assert ("premature" in _modes(t)) == named
+    assert 0 < sum("premature" in _modes(t) for t in trajs) < len(trajs)
