@@ -133,7 +133,7 @@ def train_and_eval(
         "sft_failures": (summary.get("sft") or {}).get("failure_modes", {}),
         "rl_failures": (summary.get("rl") or {}).get("failure_modes", {}),
         "wall_s": summary.get("wall_s"), "curve": curve,
-        "report": str(out / "report.html"),
+        "report": str(out / "report.html"), "environment": summary.get("environment"),
     }  # fmt: skip
 
 
@@ -158,6 +158,7 @@ def gated_result(
         "variant": variant or "base", "seed": seed, "sft_seed": sft_seed,
         "run_dir": str(run_dir), "sft": sft["success"], "rl": sft["success"], "gate": gate,
         "sft_failures": fails, "rl_failures": fails, "wall_s": None, "curve": [], "report": None,
+        "environment": stages.get("environment"),
     }  # fmt: skip
 
 
@@ -176,6 +177,14 @@ def span(lo: float, hi: float, fmt: str = ".3f", sep: str = "-") -> str:
     return f"{lo:{fmt}}{sep}{hi:{fmt}}"
 
 
+def machine(env: dict) -> str:
+    """One line for a run's ``environment`` (``stages.json``)."""
+    pk = env.get("packages", {})
+    return (f"{env.get('cpu')} ({env.get('cpu_count')} CPUs; {env.get('devices')}), "
+            f"jax {pk.get('jax')} / jaxlib {pk.get('jaxlib')}"
+            + (f", XLA_FLAGS={env['xla_flags']!r}" if env.get("xla_flags") else ""))  # fmt: skip
+
+
 def write(name: str, results: list[dict], root: Path) -> str:
     lines = [f"## Experiment `{name}`", ""]
     sft_seeds = sorted({r["sft_seed"] for r in results if r.get("sft_seed") is not None})
@@ -183,6 +192,13 @@ def write(name: str, results: list[dict], root: Path) -> str:
         lines += [f"Seeds are RL seeds (`trainer.rl_seed`), every run's RL from the one SFT result "
                   f"of seed {', '.join(map(str, sft_seeds))}: the intervals are RL's variation "
                   "alone, not SFT's.", ""]  # fmt: skip
+    machines = sorted({machine(r["environment"]) for r in results if r.get("environment")})
+    if len(machines) == 1:
+        lines += [f"Machine: {machines[0]}.", ""]
+    elif machines:
+        lines += ["Runs from different machines or builds (same config and seed can end "
+                  "elsewhere on another; `stages.json`'s `environment`): "
+                  + "; ".join(machines) + ".", ""]  # fmt: skip
     by_variant: dict[str, list[dict]] = {}
     for r in results:
         by_variant.setdefault(r["variant"], []).append(r)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import platform
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +81,59 @@ def _paths(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
+_CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+"""The host CPU's instruction-set features XLA:CPU can compile for (Linux flag names)."""
+
+
+def _cpu() -> tuple[str, list[str]]:
+    """The host CPU's model name and which of :data:`_CPU_FEATURES` it has."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return name, []
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            name = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+        if flags and name:
+            break
+    return name, [f for f in _CPU_FEATURES if f in flags]
+
+
+def environment() -> dict[str, Any]:
+    """What produced a run's numbers besides its config and seed: the numeric stack's versions,
+    the devices, the host CPU, ``XLA_FLAGS``. On one machine and build a run is bit-reproducible
+    (same config and seed, same losses); another CPU or build may round differently, and a small
+    model's SFT can then end somewhere else (EXPERIMENTS.md: research seed 2's SFT policy solved
+    50% of its held-out tasks on one machine and 0% on another, same code and versions)."""
+    from importlib import metadata
+
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    devices = jax.devices()
+    cpu, features = _cpu()
+    return {
+        "python": platform.python_version(),
+        "packages": versions,
+        "backend": jax.default_backend(),
+        "devices": f"{len(devices)} x {devices[0].device_kind}",
+        "processes": jax.process_count(),
+        "host": f"{platform.system()} {platform.machine()}",
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "cpu_features": features,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+
 def every(n: int, step: int) -> bool:
     """Whether periodic work with period ``n`` (0: never) is due after ``step`` (1-based)."""
     return n > 0 and step % n == 0
@@ -135,6 +191,24 @@ class RunRecord:
                 "with the same config to resume, use a new run_dir, or pass "
                 "trainer.allow_config_change=true to resume anyway"
             )
+
+    def note_environment(self, env: dict[str, Any]) -> None:
+        """Record where the run started (``stages.json``'s ``environment``); on a resume
+        elsewhere (another CPU, versions, devices or XLA flags) warn in one line naming what
+        changed and keep the new one in ``resumed_environments``: the resumed run is then not
+        bit-identical to an uninterrupted one."""
+        first = self.stages.get("environment")
+        if first is None:
+            self.stages["environment"] = env
+        else:
+            changed = {k: (first.get(k), v) for k, v in env.items() if first.get(k) != v}
+            if changed:
+                what = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+                print(f"WARNING: resuming {str(self.dir)!r} on another machine or build than it "
+                      f"started on ({what}): from here the numbers can differ from an "
+                      "uninterrupted run's", file=sys.stderr, flush=True)  # fmt: skip
+                self.stages.setdefault("resumed_environments", []).append(env)
+        self.save()
 
     @property
     def curve(self) -> list[dict[str, float]]:

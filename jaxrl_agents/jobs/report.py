@@ -87,6 +87,7 @@ def summary(run, export_dir, wall_s: float, state) -> dict[str, Any]:
         "episode_errors": stages.get("episode_errors", []),
         "export_dir": str(export_dir) if export_dir else None,
         "wall_s": wall_s,
+        "environment": stages.get("environment"),
     }
     if run.record.writer:
         from jaxrl_agents.evaluation.plots import learning_curve

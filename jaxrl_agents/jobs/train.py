@@ -47,7 +47,7 @@ from jaxrl_agents.jobs.build import (
 )
 from jaxrl_agents.jobs.config import JobAborted, RunConfig
 from jaxrl_agents.jobs.copy_rows import copy_rows, ordinary_ids
-from jaxrl_agents.jobs.records import Keys, RunRecord, every
+from jaxrl_agents.jobs.records import Keys, RunRecord, environment, every
 from jaxrl_agents.jobs.sft_data import SftFile, load_for_run
 from jaxrl_agents.jobs.steps import StepSource
 from jaxrl_agents.rollout.scripted import ScriptedEngine
@@ -84,6 +84,7 @@ class _Run:
         # before anything is written:
         self.record.check_config(cfg, has_checkpoints=report.has_steps(ckpt_dir))
         self.record.write_config(cfg)
+        self.record.note_environment(environment())
         self.logger = RunLogger(cfg.run_dir)
         self.ckpt = Checkpointer(
             ckpt_dir,

@@ -83,6 +83,8 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
     text = run_experiment.write(name, [result], root)
     assert "| 0 |" in text and "mean change (points)" in text
     assert "one seed: no interval" in text and "nan" not in text
+    assert f"Machine: {run_experiment.machine(result['environment'])}." in text
+    assert result["environment"]["packages"]["jaxlib"] in text
     assert (root / "results.json").exists() and (root / "curves.png").stat().st_size > 0
     if name == "sql":  # --share-sft: a reward-design variant's RL from this run's SFT result
         other = run_experiment.train_and_eval(name, f"{variant} reward=dense", 0, root, True,
@@ -129,8 +131,16 @@ def test_a_seed_stopped_at_the_rl_gate_counts_as_no_change(tmp_path):
         run_experiment.train_and_eval("sql", "x=1", 1, root, False, runner=other_failure)
     ok = {"variant": "base", "seed": 0, "sft": 0.5, "rl": 0.7, "wall_s": 1.0, "report": "r.html",
           "sft_failures": {"premature": 3}, "rl_failures": {"premature": 1},
-          "curve": [(0.0, 0.5), (10.0, 0.7)]}  # fmt: skip
+          "curve": [(0.0, 0.5), (10.0, 0.7)],
+          "environment": {"cpu": "CPU A", "cpu_count": 2, "devices": "1 x cpu",
+                          "packages": {"jax": "0.10.2", "jaxlib": "0.10.2"}}}  # fmt: skip
+    r["environment"] = {**ok["environment"], "cpu": "CPU B"}  # the gated seed ran elsewhere
     text = run_experiment.write("sql", [ok, r], root)
+    assert (
+        "Runs from different machines or builds (same config and seed can end elsewhere on "
+        "another; `stages.json`'s `environment`): CPU A (2 CPUs; 1 x cpu), jax 0.10.2 / "
+        "jaxlib 0.10.2; CPU B (2 CPUs; 1 x cpu), jax 0.10.2 / jaxlib 0.10.2."
+    ) in text
     assert "| 1 | 0.050 | not run: SFT validation 0.020 < 0.05 | +0.0 | |" in text
     assert "| mean change (points) | +10.0 (-117.1 to +137.1) | | | |" in text  # +20 and 0
     assert "RL not run on seed(s) 1" in text and "| premature | 43 | 41 |" in text

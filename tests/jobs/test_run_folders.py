@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 from train_cli import FAST
@@ -44,6 +45,9 @@ def test_multirun_jobs_get_their_own_folders(tmp_path):
         assert cfg["run_dir"] == str(run)
         summary = json.loads((run / "summary.json").read_text())
         assert summary["rl_heldout_success"] is not None
+        env = summary["environment"]  # what produced the numbers, beside the config
+        assert env["packages"]["jax"] == jax.__version__ and env["backend"] == "cpu"
+        assert env["devices"] == "1 x cpu" and env["cpu_count"] == os.cpu_count()
         rl = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rl if r["stage"] == "rl"] == [1]  # trained, not resumed
 
@@ -114,6 +118,8 @@ def test_kill_and_resume_keeps_the_sft_reference_and_logs_each_step_once(tmp_pat
     assert 2 <= resumed_at < 8, p.stdout[-2000:]  # the kill came mid-RL
     stages = json.loads((run / "stages.json").read_text())
     assert stages["kl_reference"]["from"] == "sft"
+    # the same machine and build: no warning, nothing noted beside the first environment
+    assert "another machine or build" not in p.stderr and "resumed_environments" not in stages
     sft_model, _, meta = load_policy(run, which="sft")
     from flax import nnx
 
@@ -125,3 +131,22 @@ def test_kill_and_resume_keeps_the_sft_reference_and_logs_each_step_once(tmp_pat
     keys = [(r["stage"], r["step"]) for r in rows]
     assert len(keys) == len(set(keys)), keys  # no duplicate rows after the resume
     assert [s for st, s in keys if st == "rl"] == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_a_resume_on_another_machine_or_build_is_noted_and_warned(tmp_path, capsys):
+    """``stages.json`` keeps the environment a run started in; a resume in another one (another
+    CPU, jaxlib, XLA flags) warns in one line naming what changed and is noted beside it."""
+    from jaxrl_agents.jobs.records import RunRecord, environment
+
+    env = environment()
+    assert env["packages"]["jaxlib"] is not None and env["cpu"]
+    RunRecord(tmp_path).note_environment(env)
+    RunRecord(tmp_path).note_environment(environment())  # a resume on the same machine
+    assert capsys.readouterr().err == ""
+    moved = {**env, "cpu": "Other CPU", "xla_flags": "--xla_cpu_enable_fast_math=true"}
+    RunRecord(tmp_path).note_environment(moved)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "on another machine or build" in err[0], err
+    assert f"cpu: {env['cpu']!r} -> 'Other CPU'" in err[0] and "xla_flags" in err[0]
+    stages = json.loads((tmp_path / "stages.json").read_text())
+    assert stages["environment"] == env and stages["resumed_environments"] == [moved]
