@@ -180,7 +180,11 @@ def span(lo: float, hi: float, fmt: str = ".3f", sep: str = "-") -> str:
 def machine(env: dict) -> str:
     """One line for a run's ``environment`` (``stages.json``)."""
     pk = env.get("packages", {})
-    return (f"{env.get('cpu')} ({env.get('cpu_count')} CPUs; {env.get('devices')}), "
+    usable = env.get("cpus_usable")
+    cpus = f"{env.get('cpu_count')} CPUs" + (
+        f", {usable} usable" if usable not in (None, env.get("cpu_count")) else ""
+    )
+    return (f"{env.get('cpu')} ({cpus}; {env.get('devices')}), "
             f"jax {pk.get('jax')} / jaxlib {pk.get('jaxlib')}"
             + (f", XLA_FLAGS={env['xla_flags']!r}" if env.get("xla_flags") else ""))  # fmt: skip
 

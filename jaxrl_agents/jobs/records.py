@@ -129,6 +129,10 @@ def environment() -> dict[str, Any]:
         "host": f"{platform.system()} {platform.machine()}",
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
+        # the CPUs this process may run on (taskset, cgroups): XLA:CPU sizes its thread pool by
+        # them, and another count splits reductions differently (float sums change in the 7th
+        # digit after a few steps: EXPERIMENTS.md)
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "cpu_features": features,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }

@@ -141,6 +141,8 @@ def test_a_seed_stopped_at_the_rl_gate_counts_as_no_change(tmp_path):
         "another; `stages.json`'s `environment`): CPU A (2 CPUs; 1 x cpu), jax 0.10.2 / "
         "jaxlib 0.10.2; CPU B (2 CPUs; 1 x cpu), jax 0.10.2 / jaxlib 0.10.2."
     ) in text
+    pinned = run_experiment.machine({**ok["environment"], "cpus_usable": 1})  # taskset -c 0
+    assert pinned.startswith("CPU A (2 CPUs, 1 usable; 1 x cpu)"), pinned
     assert "| 1 | 0.050 | not run: SFT validation 0.020 < 0.05 | +0.0 | |" in text
     assert "| mean change (points) | +10.0 (-117.1 to +137.1) | | | |" in text  # +20 and 0
     assert "RL not run on seed(s) 1" in text and "| premature | 43 | 41 |" in text

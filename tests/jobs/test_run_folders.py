@@ -48,6 +48,7 @@ def test_multirun_jobs_get_their_own_folders(tmp_path):
         env = summary["environment"]  # what produced the numbers, beside the config
         assert env["packages"]["jax"] == jax.__version__ and env["backend"] == "cpu"
         assert env["devices"] == "1 x cpu" and env["cpu_count"] == os.cpu_count()
+        assert env["cpus_usable"] == len(os.sched_getaffinity(0))
         rl = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rl if r["stage"] == "rl"] == [1]  # trained, not resumed
 
