@@ -197,13 +197,14 @@ class RunRecord:
             )
 
     def note_environment(self, env: dict[str, Any]) -> None:
-        """Record where the run started (``stages.json``'s ``environment``); on a resume
+        """Record where the run started (``stages.json``'s ``environment``; ``recorded_at:
+        resume`` when the folder's run started before this record existed); on a resume
         elsewhere (another CPU, versions, devices or XLA flags) warn in one line naming what
         changed and keep the new one in ``resumed_environments``: the resumed run is then not
         bit-identical to an uninterrupted one."""
         first = self.stages.get("environment")
-        if first is None:
-            self.stages["environment"] = env
+        if first is None:  # a folder with records but none of this one predates it
+            self.stages["environment"] = {**env, "recorded_at": "resume"} if self.stages else env
         else:
             changed = {k: (first.get(k), v) for k, v in env.items() if first.get(k) != v}
             if changed:

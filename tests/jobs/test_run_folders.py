@@ -151,3 +151,11 @@ def test_a_resume_on_another_machine_or_build_is_noted_and_warned(tmp_path, caps
     assert f"cpu: {env['cpu']!r} -> 'Other CPU'" in err[0] and "xla_flags" in err[0]
     stages = json.loads((tmp_path / "stages.json").read_text())
     assert stages["environment"] == env and stages["resumed_environments"] == [moved]
+    # a folder whose run started before this record: noted as recorded at the resume
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "stages.json").write_text(json.dumps({"oracle_needs": {"turns": 4}}))
+    RunRecord(old).note_environment(env)
+    assert json.loads((old / "stages.json").read_text())["environment"] == {
+        **env, "recorded_at": "resume"}  # fmt: skip
+    assert capsys.readouterr().err == ""
