@@ -97,9 +97,8 @@ def _cpu() -> tuple[str, list[str]]:
         key, _, value = line.partition(":")
         if key.strip() == "model name" and value.strip():
             name = value.strip()
-        elif key.strip() == "flags":
+        elif key.strip() == "flags":  # after the model name in every processor's block
             flags = set(value.split())
-        if flags and name:
             break
     return name, [f for f in _CPU_FEATURES if f in flags]
 
@@ -129,9 +128,9 @@ def environment() -> dict[str, Any]:
         "host": f"{platform.system()} {platform.machine()}",
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
-        # the CPUs this process may run on (taskset, cgroups): XLA:CPU sizes its thread pool by
-        # them, and another count splits reductions differently (float sums change in the 7th
-        # digit after a few steps: EXPERIMENTS.md)
+        # the CPUs this process may run on (taskset, cgroups): with one instead of two, the same
+        # run's losses differ in the 7th digit within 20 golden SFT steps (EXPERIMENTS.md; most
+        # likely XLA:CPU's thread pool follows them and splits reductions across it)
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "cpu_features": features,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
