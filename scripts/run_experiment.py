@@ -14,8 +14,10 @@ run folder ``experiments/<name>/<variant>/seed<s>`` (a rerun resumes it), then `
 the SFT and the final RL policy side by side on the same held-out tasks (flipped tasks both ways,
 with both trajectories) in ``.../eval/``. The script writes ``experiments/<name>/results.md``
 (every seed's held-out success for SFT and RL, the mean with a 95% t-interval over seeds, and the
-failure taxonomy summed over seeds before and after), ``results.json`` and ``curves.png``
-(validation success against environment steps, mean and range over seeds, one line per variant).
+failure taxonomy summed over seeds before and after; the learning curves in numbers; with several
+variants, each one's RL minus the first variant's, paired by seed), ``results.json`` and
+``curves.png`` (validation success against environment steps, mean and 95% t-interval over seeds,
+one line per variant).
 """
 
 from __future__ import annotations
@@ -189,6 +191,23 @@ def machine(env: dict) -> str:
             + (f", XLA_FLAGS={env['xla_flags']!r}" if env.get("xla_flags") else ""))  # fmt: skip
 
 
+def learning_curves(results: list[dict]) -> dict[str, list[tuple[float, float, float, float]]]:
+    """Per variant, ``(env steps, mean, lo, hi)`` of validation success at each evaluation point
+    over its seeds (95% t-interval cut to [0, 1]; NaN bounds for one seed), cut to the shortest
+    seed's curve; gated seeds (no curve) are left out."""
+    out = {}
+    for variant in dict.fromkeys(r["variant"] for r in results):
+        cs = [r["curve"] for r in results if r["variant"] == variant and r["curve"]]
+        n = min(len(c) for c in cs) if cs else 0
+        if n:
+            pts = [(statistics.mean(c[i][0] for c in cs), *interval([c[i][1] for c in cs]))
+                   for i in range(n)]  # fmt: skip
+            # a success rate's interval ends inside [0, 1] (one seed: NaN, no interval)
+            cut = [(x, m, max(lo, 0.0), min(hi, 1.0)) for x, m, lo, hi in pts]
+            out[variant] = pts if math.isnan(pts[0][2]) else cut
+    return out
+
+
 def write(name: str, results: list[dict], root: Path) -> str:
     lines = [f"## Experiment `{name}`", ""]
     sft_seeds = sorted({r["sft_seed"] for r in results if r.get("sft_seed") is not None})
@@ -207,14 +226,33 @@ def write(name: str, results: list[dict], root: Path) -> str:
     for r in results:
         by_variant.setdefault(r["variant"], []).append(r)
     if len(by_variant) > 1:  # the comparison at a glance
-        lines += ["| variant | seeds | mean SFT | mean RL | mean change (points, 95% t-interval) |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        first = next(iter(by_variant))
+        ref = {r["seed"]: r["rl"] for r in by_variant[first]}
+        lines += ["| variant | seeds | mean SFT | mean RL | mean change (points, 95% t-interval) "
+                  f"| RL minus {first}'s, paired by seed (points, 95% t-interval) |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
         for variant, rs in by_variant.items():
             m, lo, hi = interval([100 * (r["rl"] - r["sft"]) for r in rs])
+            diffs = [100 * (r["rl"] - ref[r["seed"]]) for r in rs if r["seed"] in ref]
+            if variant == first or not diffs:
+                paired = "" if variant == first else "no common seed"
+            else:
+                d, dlo, dhi = interval(diffs)
+                paired = f"{d:+.1f} ({span(dlo, dhi, '+.1f', ' to ')})"
             lines.append(f"| {variant} | {' '.join(str(r['seed']) for r in rs)} | "
                          f"{statistics.mean(r['sft'] for r in rs):.3f} | "
                          f"{statistics.mean(r['rl'] for r in rs):.3f} | "
-                         f"{m:+.1f} ({span(lo, hi, '+.1f', ' to ')}) |")  # fmt: skip
+                         f"{m:+.1f} ({span(lo, hi, '+.1f', ' to ')}) | {paired} |")  # fmt: skip
+        lines.append("")
+    curves = learning_curves(results)
+    if curves:
+        lines += ["Validation success against RL environment steps (the curves in numbers: mean "
+                  "over seeds, 95% t-interval cut to [0, 1]; point 0 is the SFT policy):", "",
+                  "| variant | point | env steps (mean) | validation success |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for variant, pts in curves.items():
+            for i, (x, m, lo, hi) in enumerate(pts):
+                lines.append(f"| {variant} | {i} | {x:.0f} | {m:.3f} ({span(lo, hi)}) |")
         lines.append("")
     for variant, rs in by_variant.items():
         lines += [f"### {variant}", "", "| seed | SFT | RL | change | wall |"]
@@ -262,18 +300,14 @@ def write(name: str, results: list[dict], root: Path) -> str:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        for variant in dict.fromkeys(r["variant"] for r in results):
-            curves = [r["curve"] for r in results if r["variant"] == variant and r["curve"]]
-            n = min(len(c) for c in curves) if curves else 0
-            if not n:
-                continue
-            xs = [statistics.mean(c[i][0] for c in curves) for i in range(n)]
-            ys = [[c[i][1] for c in curves] for i in range(n)]
-            ax.plot(xs, [statistics.mean(y) for y in ys], marker="o", label=variant)
-            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], alpha=0.2)
+        for variant, pts in curves.items():
+            xs = [p[0] for p in pts]
+            ax.plot(xs, [p[1] for p in pts], marker="o", label=variant)
+            if not any(math.isnan(p[2]) for p in pts):  # one seed: no interval
+                ax.fill_between(xs, [p[2] for p in pts], [p[3] for p in pts], alpha=0.2)
         ax.set_xlabel("environment steps (RL)")
         ax.set_ylabel("validation success")
-        ax.set_title(f"{name}: mean and range over seeds")
+        ax.set_title(f"{name}: mean and 95% t-interval over seeds", fontsize=10)
         if ax.lines:  # none when every run stopped before RL
             ax.legend()
         fig.tight_layout()

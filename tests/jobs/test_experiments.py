@@ -155,11 +155,21 @@ def test_tables_compare_variants_with_t_intervals(tmp_path):
                 "sft_failures": {"premature": 3}, "rl_failures": {"premature": 1},
                 "curve": [(0.0, sft), (10.0, rl)], "report": "r.html"}  # fmt: skip
 
-    results = [res("base", 0, 0.5, 0.6), res("base", 1, 0.4, 0.6), res("gigpo", 1, 0.4, 0.7)]
+    results = [res("base", 0, 0.5, 0.6), res("base", 1, 0.4, 0.6), res("gigpo", 1, 0.4, 0.7),
+               res("gigpo", 0, 0.5, 0.9), res("grpo", 2, 0.5, 0.9)]  # fmt: skip
     text = run_experiment.write("sql", results, tmp_path)
     # base: changes +10 and +20 points, mean 15, t(1) = 12.706, sd 7.071 -> half-width 63.5
-    assert "| base | 0 1 | 0.450 | 0.600 | +15.0 (-48.5 to +78.5) |" in text
-    assert "| gigpo | 1 | 0.400 | 0.700 | +30.0 (one seed: no interval) |" in text
+    assert "| base | 0 1 | 0.450 | 0.600 | +15.0 (-48.5 to +78.5) |  |" in text
+    # gigpo minus base paired by seed: +10 (seed 1) and +30 (seed 0): mean 20, sd 14.14 -> 127.1
+    assert (
+        "| gigpo | 1 0 | 0.450 | 0.800 | +35.0 (-28.5 to +98.5) | +20.0 (-107.1 to +147.1) |"
+        in text
+    )
+    assert "| grpo | 2 | 0.500 | 0.900 | +40.0 (one seed: no interval) | no common seed |" in text
+    # the curves in numbers: point 1 of base is (10 env steps, 0.6 and 0.6): no spread
+    assert "| base | 1 | 10 | 0.600 (0.600-0.600) |" in text
+    assert "| gigpo | 1 | 10 | 0.800 (0.000-1.000) |" in text  # 0.7, 0.9: +-1.27, cut
+    assert "| grpo | 0 | 0 | 0.500 (one seed: no interval) |" in text
     assert "| premature | 6 | 2 |" in text and (tmp_path / "curves.png").stat().st_size > 0
 
 
