@@ -234,8 +234,10 @@ def write(name: str, results: list[dict], root: Path) -> str:
         for variant, rs in by_variant.items():
             m, lo, hi = interval([100 * (r["rl"] - r["sft"]) for r in rs])
             diffs = [100 * (r["rl"] - ref[r["seed"]]) for r in rs if r["seed"] in ref]
-            if variant == first or not diffs:
-                paired = "" if variant == first else "no common seed"
+            if variant == first:
+                paired = ""
+            elif not diffs:
+                paired = "no common seed"
             else:
                 d, dlo, dhi = interval(diffs)
                 paired = f"{d:+.1f} ({span(dlo, dhi, '+.1f', ' to ')})"
