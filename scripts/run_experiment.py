@@ -30,6 +30,7 @@ import re
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -64,6 +65,21 @@ def run_command(cmd: list[str], log: Path) -> None:
     if p.returncode:
         tail = log.read_text().splitlines()[-5:]
         raise SystemExit(f"failed: {' '.join(cmd)}\n" + "\n".join(tail))
+
+
+def use_compile_cache(folder: str | None) -> str | None:
+    """Point the jobs this script starts at JAX's persistent compilation cache in ``folder`` (the
+    environment carries it to them): a seed after the first, a variant and a resumed run load
+    their programs instead of compiling them again. The compiled programs are the same, so the
+    results are too. A ``JAX_COMPILATION_CACHE_DIR`` already set wins; ``folder`` None or empty:
+    no cache. Returns the folder in use."""
+    have = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if have or not folder:
+        return have or None
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(Path(folder).resolve())
+    # the tiny model's programs compile in well under JAX's default 1 s threshold
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
 
 
 def train_and_eval(
@@ -304,14 +320,16 @@ def write(name: str, results: list[dict], root: Path) -> str:
         fig, ax = plt.subplots(figsize=(6, 4))
         for variant, pts in curves.items():
             xs = [p[0] for p in pts]
-            ax.plot(xs, [p[1] for p in pts], marker="o", label=variant)
+            # a long override set wrapped, so the legend stays inside the plot
+            label = "\n".join(textwrap.wrap(variant, 40)) or variant
+            ax.plot(xs, [p[1] for p in pts], marker="o", label=label)
             if not any(math.isnan(p[2]) for p in pts):  # one seed: no interval
                 ax.fill_between(xs, [p[2] for p in pts], [p[3] for p in pts], alpha=0.2)
         ax.set_xlabel("environment steps (RL)")
         ax.set_ylabel("validation success")
         ax.set_title(f"{name}: mean and 95% t-interval over seeds", fontsize=10)
         if ax.lines:  # none when every run stopped before RL
-            ax.legend()
+            ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(root / "curves.png", dpi=120)
     except ImportError:
@@ -339,8 +357,18 @@ def main() -> None:
         "seed=SFT_SEED, every other run starts RL from it; --seeds are then RL "
         "seeds (trainer.rl_seed), so the intervals hold the SFT policy fixed",
     )
+    ap.add_argument(
+        "--compile-cache",
+        default=None,
+        metavar="DIR",
+        help="JAX's persistent compilation cache for the jobs (default: <out>/.jax_cache; '' "
+        "for none; JAX_COMPILATION_CACHE_DIR, when set, wins)",
+    )
     args = ap.parse_args()
     root = Path(args.out) / (args.experiment + ("_quick" if args.quick else ""))
+    cache = args.compile_cache if args.compile_cache is not None else Path(args.out) / ".jax_cache"
+    if where := use_compile_cache(str(cache) if cache else None):
+        print(f"compilation cache: {where}")
     results = []
     for i, variant in enumerate(args.variants):
         for seed in args.seeds:

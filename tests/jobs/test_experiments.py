@@ -218,3 +218,21 @@ def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
     assert {a["seed"] for a in evals} == {"2"}  # the run's held-out tasks, not the RL seed's
     text = (tmp_path / "research" / "results.md").read_text()
     assert "Seeds are RL seeds (`trainer.rl_seed`)" in text and "of seed 2" in text
+
+
+def test_compile_cache_reaches_the_jobs(tmp_path, monkeypatch):
+    """The script points its jobs at one persistent compilation cache (the environment carries it
+    to every ``jaxrl-train`` / ``jaxrl-eval`` it starts), keeps a cache the user set, and uses
+    none when given ''."""
+    import os
+
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)
+    assert run_experiment.use_compile_cache("") is None
+    assert "JAX_COMPILATION_CACHE_DIR" not in os.environ
+    where = run_experiment.use_compile_cache(str(tmp_path / "cache"))
+    assert where == str((tmp_path / "cache").resolve()) == os.environ["JAX_COMPILATION_CACHE_DIR"]
+    assert os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+    # a cache the user chose wins over the script's
+    assert run_experiment.use_compile_cache(str(tmp_path / "other")) == where
+    assert os.environ["JAX_COMPILATION_CACHE_DIR"] == where
