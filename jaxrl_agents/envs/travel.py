@@ -10,6 +10,13 @@ Success iff the final state books each required item exactly once and violates n
 ``Ann.CONSTRAINT_VIOLATIONS`` lists what the state breaks after every turn (budget exceeded, a
 flight on the wrong date or route, overlapping or wrongly dated stays, too few stars, duplicates),
 so drift across turns is visible; items not booked yet are missing steps, not violations.
+
+Options, for agents that compare less and copy more (the ``experiment=travel`` preset):
+``make_tasks(listing="cheapest")`` lists search results cheapest first (default ``premium``:
+flights by time, hotels by stars), tasks still chosen so that booking every search's first result
+fails (there, the cheapest hotel is below the star minimum); ``search_hotels``' ``min_stars``
+filter then makes "the first result" the right hotel. ``TravelEnv(tools=[...])`` offers a subset
+of the tools, ``max_results`` caps the lines of a search.
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxrl_agents.envs.base import Env, EnvConfig, check_split, split_of
-from jaxrl_agents.envs.tools import ToolError, tool
+from jaxrl_agents.envs.tools import ToolBox, ToolError, tool
 from jaxrl_agents.types import Ann, Message, Task, Verdict
 
+LISTINGS = ("premium", "cheapest")
+"""Orders of search results (``make_tasks(listing=...)``): ``premium`` (flights by departure time,
+hotels by stars then price, highest first) or ``cheapest`` (by price, lowest first)."""
 CITIES = ("Lisbon", "Oslo", "Prague", "Vienna", "Madrid", "Dublin", "Athens", "Zurich")
 _HOTEL_NAMES = ("Aurora", "Harbor", "Central", "Grand", "Park", "Lumen", "Vista")
 REQUIRED = ["book_outbound", "book_return", "book_hotel"]
@@ -69,15 +79,21 @@ def _catalog(data: dict[str, Any]) -> dict[str, Any]:
     return {"flights": flights, "hotels": hotels}
 
 
-def _flight_lines(flights: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _flight_lines(flights: list[dict[str, Any]], listing: str = "premium") -> list[dict[str, Any]]:
+    if listing == "cheapest":
+        return sorted(flights, key=lambda f: (f["price"], f["time"], f["id"]))
     return sorted(flights, key=lambda f: (f["time"], f["id"]))
 
 
-def _hotel_lines(hotels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _hotel_lines(hotels: list[dict[str, Any]], listing: str = "premium") -> list[dict[str, Any]]:
+    if listing == "cheapest":
+        return sorted(hotels, key=lambda h: (h["night"], -h["stars"], h["id"]))
     return sorted(hotels, key=lambda h: (-h["stars"], -h["night"], h["id"]))  # premium first
 
 
-def _cheapest_plan(data: dict[str, Any], cat: dict[str, Any]) -> tuple[int, int] | None:
+def _cheapest_plan(
+    data: dict[str, Any], cat: dict[str, Any], listing: str = "premium"
+) -> tuple[int, int] | None:
     """(cheapest valid total, total of booking every search's first result)."""
     nights = (dt.date.fromisoformat(data["end"]) - dt.date.fromisoformat(data["start"])).days
     legs = [
@@ -94,8 +110,8 @@ def _cheapest_plan(data: dict[str, Any], cat: dict[str, Any]) -> tuple[int, int]
     best = sum(min(f["price"] for f in o) for o in opts) + nights * min(
         h["night"] for h in ok_hotels
     )
-    first = sum(_flight_lines(o)[0]["price"] for o in opts)
-    first += nights * _hotel_lines(list(cat["hotels"].values()))[0]["night"]
+    first = sum(_flight_lines(o, listing)[0]["price"] for o in opts)
+    first += nights * _hotel_lines(list(cat["hotels"].values()), listing)[0]["night"]
     return best, first
 
 
@@ -122,19 +138,51 @@ class TravelEnv(Env):
 
     name = "travel"
 
-    def __init__(self, *, config: EnvConfig | None = None, **env_kwargs: Any):
+    def __init__(
+        self,
+        *,
+        tools: Sequence[str] | None = None,
+        max_results: int | None = None,
+        config: EnvConfig | None = None,
+        **env_kwargs: Any,
+    ):
+        """``tools``: the tools offered (default all); ``max_results``: at most this many lines
+        per search (default all)."""
         super().__init__(config=config, **env_kwargs)
+        if tools is not None:
+            every = list(self.tools.tools)
+            if isinstance(tools, str | bytes) or not tools:
+                raise ValueError(f"tools={tools!r}: expected a non-empty list of {every}")
+            unknown = [t for t in tools if t not in every]
+            if unknown:
+                raise ValueError(f"tools: unknown {unknown}; travel's tools are {every}")
+            self.tools = ToolBox([self.tools.tools[t] for t in every if t in tools])
+        if max_results is not None and (
+            isinstance(max_results, bool) or not isinstance(max_results, int) or max_results < 1
+        ):
+            raise ValueError(f"max_results={max_results!r}: expected an integer >= 1 or None")
+        self.max_results = max_results
         self._cat: dict[str, Any] = {"flights": {}, "hotels": {}}
         self._bookings: dict[str, dict[str, Any]] = {}  # active only; cancel removes
         self._issued = 0
+        self._listing = "premium"
 
     @classmethod
     def make_tasks(
-        cls, split: str, n: int, *, seed: int = 0, heldout_frac: float = 0.2
+        cls,
+        split: str,
+        n: int,
+        *,
+        seed: int = 0,
+        heldout_frac: float = 0.2,
+        listing: str = "premium",
     ) -> list[Task]:
         """``n`` trips of ``split``. Budgets sit 10-25% above the cheapest valid plan, below the
-        cost of booking each search's first result (or that plan breaks the star rating)."""
+        cost of booking each search's first result (or that plan breaks the star rating).
+        ``listing`` (:data:`LISTINGS`): the order of search results in these tasks' episodes."""
         check_split(split)
+        if listing not in LISTINGS:
+            raise ValueError(f"listing={listing!r}: expected one of {', '.join(LISTINGS)}")
         rng = random.Random(f"travel/{seed}/{split}")
         tasks: list[Task] = []
         seen: set[str] = set()
@@ -154,16 +202,18 @@ class TravelEnv(Env):
                 "catalog_seed": int(hashlib.sha1(key.encode()).hexdigest()[:8], 16),
             }
             cat = _catalog(data)
-            plan = _cheapest_plan(data, cat)
+            plan = _cheapest_plan(data, cat, listing)
             if plan is None:
                 continue
             best, first = plan
             budget = int(best * rng.uniform(1.10, 1.25)) // 10 * 10 + 10
-            first_hotel = _hotel_lines(list(cat["hotels"].values()))[0]
+            first_hotel = _hotel_lines(list(cat["hotels"].values()), listing)[0]
             if first <= budget and first_hotel["stars"] >= min_stars:
                 continue  # the naive plan would pass: not a test of constraint tracking
             seen.add(key)
             data.update(key=key, budget=budget, required_steps=list(REQUIRED))
+            if listing != "premium":
+                data["listing"] = listing
             data["question"] = (
                 f"Book a round trip from {o} to {d}: fly out on {data['start']} and back on "
                 f"{data['end']}, with a hotel in {d} of at least {min_stars} stars for those "
@@ -185,6 +235,7 @@ class TravelEnv(Env):
 
     def setup(self, task: Task, seed: int) -> None:
         self._cat, self._bookings, self._issued = _catalog(task.data), {}, 0
+        self._listing = task.data.get("listing", "premium")
 
     # -- tools -------------------------------------------------------------------------------------
     @tool
@@ -206,29 +257,35 @@ class TravelEnv(Env):
         if not hits:
             return f"No flights from {origin} to {dest} on {day}."
         return "\n".join(
-            f"{f['id']} {f['origin']}->{f['dest']} {f['date']} {f['time']} ${f['price']}"
-            for f in _flight_lines(hits)
+            f"{f['id']} {f['time']} ${f['price']}"  # the route and day are the query's
+            for f in _flight_lines(hits, self._listing)[: self.max_results]
         )
 
     @tool
-    def search_hotels(self, city: str, checkin: str, checkout: str) -> str:
+    def search_hotels(self, city: str, checkin: str, checkout: str, min_stars: int = 1) -> str:
         """Find hotels for a stay.
 
         Args:
             city: the city.
             checkin: YYYY-MM-DD.
             checkout: YYYY-MM-DD (after checkin).
+            min_stars: only hotels with at least this many stars (1-5).
         """
         nights = (_date(checkout, "checkout") - _date(checkin, "checkin")).days
         if nights < 1:
             raise ToolError(f"checkout {checkout} must be after checkin {checkin}")
+        if not 1 <= min_stars <= 5:
+            raise ToolError(f"min_stars must be between 1 and 5, got {min_stars}")
         hits = [h for h in self._cat["hotels"].values() if h["city"].lower() == city.lower()]
         if not hits:
             return f"No hotels in {city}."
+        hits = [h for h in hits if h["stars"] >= min_stars]
+        if not hits:
+            return f"No hotels in {city} with at least {min_stars} stars."
         return "\n".join(
             f"{h['id']} {h['name']} {h['stars']}* ${h['night']}/night "
             f"(${h['night'] * nights} total)"
-            for h in _hotel_lines(hits)
+            for h in _hotel_lines(hits, self._listing)[: self.max_results]
         )
 
     def _book(self, item: dict[str, Any]) -> str:
@@ -438,30 +495,100 @@ def _policy(
     return policy
 
 
+STYLES = ("compare", "filter")
+"""How the scripted solver works (``oracle_policy(style=...)``): ``compare`` searches everything,
+then books the cheapest valid options it reads off the listings, checks the itinerary and
+confirms; ``filter`` lets the search tools do the comparing (needs ``listing="cheapest"``
+tasks): it books the first result of each search, the hotel searched with ``min_stars``, in four
+turns without the itinerary."""
+
+
+def _filter_policy(task: Task, slip: bool) -> Callable[[list[Message]], Message]:
+    d = task.data
+    if d.get("listing") != "cheapest":
+        raise ValueError(
+            f"style='filter' books each search's first result, which is the cheapest only in "
+            f"tasks made with listing='cheapest'; task {task.id} lists "
+            f"{d.get('listing', 'premium')!r} (set env.tasks.listing=cheapest)"
+        )
+
+    def first_id(result: str) -> str:
+        return result.split(maxsplit=1)[0]
+
+    def policy(messages: list[Message]) -> Message:
+        tool_msgs = [m["content"] for m in messages if m["role"] == "tool"]
+        turn = sum(m["role"] == "assistant" for m in messages)
+        if turn == 0:
+            return _calls(
+                0,
+                ("search_flights", {"origin": d["origin"], "dest": d["dest"], "date": d["start"]}),
+                ("search_flights", {"origin": d["dest"], "dest": d["origin"], "date": d["end"]}),
+            )
+        if turn == 1:
+            hotel = {"city": d["dest"], "checkin": d["start"], "checkout": d["end"]}
+            if not slip:  # slipping: the star minimum is left out of the search
+                hotel["min_stars"] = d["min_stars"]
+            return _calls(
+                2,
+                ("book_flight", {"flight_id": first_id(tool_msgs[0])}),
+                ("book_flight", {"flight_id": first_id(tool_msgs[1])}),
+                ("search_hotels", hotel),
+            )
+        if turn == 2:
+            return _calls(
+                5,
+                (
+                    "book_hotel",
+                    {
+                        "hotel_id": first_id(tool_msgs[4]),
+                        "checkin": d["start"],
+                        "checkout": d["end"],
+                    },
+                ),
+            )
+        ids = re.findall(r"^Booked (B\d+):", "\n".join(tool_msgs), flags=re.M)
+        return {"role": "assistant", "content": f"Booked {', '.join(ids)}."}
+
+    return policy
+
+
 def oracle_policy(
-    task: Task, *, slip_prob: float = 0.0, slip_stars: Sequence[int] | None = None, rng: Any = None
+    task: Task,
+    *,
+    slip_prob: float = 0.0,
+    slip_stars: Sequence[int] | None = None,
+    style: str = "compare",
+    rng: Any = None,
 ) -> Callable[[list[Message]], Message]:
-    """Scripted solver: search all three in one turn, book the cheapest valid options, check the
-    itinerary, then confirm the booking ids.
+    """Scripted solver (``style``, :data:`STYLES`): ``compare`` searches all three in one turn,
+    books the cheapest valid options, checks the itinerary, then confirms the booking ids;
+    ``filter`` searches the flights, books the first (cheapest) of each and searches hotels with
+    ``min_stars``, books the first hotel, then confirms.
 
     ``slip_prob`` (drawn once per episode from ``rng``): an annotator whose constraints loosen
-    turn by turn — it searches correctly, but when booking (its second turn) it lets the
-    minimum-stars requirement slip and books the cheapest hotel below it (when there is one).
-    Such golden data teaches constraint drift (``Ann.CONSTRAINT_VIOLATIONS`` after the booking
-    turn; the verdict fails). ``slip_stars`` (e.g. ``[4]``): the slip only on tasks asking for
-    one of these minimums, as an annotator who takes "at least 4 stars" for a wish; a policy
-    imitating it lets exactly that constraint slip, even when decoding greedily."""
+    turn by turn — it searches the flights correctly, but when it comes to the hotel (its second
+    turn) it lets the minimum-stars requirement slip: ``compare`` books the cheapest hotel below
+    it (when there is one), ``filter`` searches hotels without ``min_stars`` and books the first,
+    the cheapest, which such tasks make one below it. Such golden data teaches constraint drift
+    (``Ann.CONSTRAINT_VIOLATIONS`` after the booking turn; the verdict fails). ``slip_stars``
+    (e.g. ``[4]``): the slip only on tasks asking for one of these minimums, as an annotator who
+    takes "at least 4 stars" for a wish; a policy imitating it lets exactly that constraint slip,
+    even when decoding greedily."""
     if slip_stars is not None and (
         isinstance(slip_stars, str | bytes)
         or not all(isinstance(x, int) and not isinstance(x, bool) for x in slip_stars)
     ):
         raise ValueError(f"slip_stars={slip_stars!r}: expected a list of star counts, e.g. [4]")
+    if style not in STYLES:
+        raise ValueError(f"style={style!r}: expected one of {', '.join(STYLES)}")
     min_stars = task.data["min_stars"]
     slip = (
         slip_prob > 0
         and (slip_stars is None or min_stars in slip_stars)
         and (rng.random() if rng is not None else random.random()) < slip_prob
     )
+    if style == "filter":
+        return _filter_policy(task, slip)
 
     def choose(lines: list[str], hotel: bool) -> str:
         if hotel:

@@ -124,3 +124,38 @@ def test_sql_answer_prefix_keeps_the_oracle_right_and_the_habit_on_its_cities():
         named = any(c in t.task.data["question"] for c in cities)
         assert ("premature" in _modes(t)) == named
     assert 0 < sum("premature" in _modes(t) for t in trajs) < len(trajs)
+
+
+def test_travel_filter_habit_drops_the_star_filter_on_its_minimum_only():
+    """The ``experiment=travel`` annotator (``style="filter"`` on ``listing="cheapest"`` tasks,
+    four tools, two results a search): on 4-star tasks it searches hotels without ``min_stars``
+    and books a hotel below 4 stars (constraint drift, a failed episode); 3-star tasks are
+    solved with the filter. Through the chat format, as the SFT data is made."""
+    spec = EnvSpec(
+        name="travel",
+        options={"tools": ["search_flights", "search_hotels", "book_flight", "book_hotel"],
+                 "max_results": 2},
+        tasks={"listing": "cheapest"},
+    )  # fmt: skip
+    env = resolve_env(spec)
+    chat = build_chat(ChatSpec())
+    options = {"style": "filter", "slip_prob": 1.0, "slip_stars": [4]}
+    engine = ScriptedEngine(chat, policy_factory=env.oracle(options, rng=np.random.default_rng(0)))
+    orch = Collector(chat=chat, env_factory=env.factory, rollout=FREE).orchestrator(
+        engine, greedy=True, group_size=1
+    )
+    trajs = asyncio.run(orch.run(env.tasks("train", 40, seed=0), group_size=1))
+    assert all(len(t.tools) == 4 for t in trajs)
+    fours = [t for t in trajs if t.task.data["min_stars"] == 4]
+    assert 10 <= len(fours) <= 35
+    for t in trajs:
+        hotel_search = [
+            c["function"]["arguments"]
+            for m in t.messages
+            if m["role"] == "assistant"
+            for c in m.get("tool_calls") or []
+            if c["function"]["name"] == "search_hotels"
+        ]
+        four = t.task.data["min_stars"] == 4
+        assert [("min_stars" in a) for a in hotel_search] == [not four]
+        assert t.success != four and ("constraint_drift" in _modes(t)) == four

@@ -7,7 +7,10 @@ import datetime as dt
 import random
 import time
 
+import pytest
+
 from jaxrl_agents.envs.base import calls_from_message, drive
+from jaxrl_agents.envs.tools import ToolError
 from jaxrl_agents.envs.travel import (
     TravelEnv,
     _catalog,
@@ -173,3 +176,99 @@ def test_overlap_messages_name_every_overlapping_stay():
             assert frozenset((x, y)) in pairs and by_id[x][1] <= by_id[y][1], (m, stays)
             named |= {x, y}
         assert named == set().union(*pairs), (stays, msgs)
+
+
+def _first_ids(result: str) -> list[str]:
+    return [line.split()[0] for line in result.splitlines()]
+
+
+def test_cheapest_listing_filter_and_page_size():
+    """``listing="cheapest"`` lists by price, lowest first; ``min_stars`` filters hotels;
+    ``max_results`` caps a search's lines; the tasks keep the first-result plan failing (there,
+    the cheapest hotel is below the star minimum)."""
+    tasks = TravelEnv.make_tasks("train", 30, seed=1, listing="cheapest")
+    assert all(t.data["listing"] == "cheapest" for t in tasks)
+    assert "listing" not in TravelEnv.make_tasks("train", 1, seed=1)[0].data  # default unchanged
+    for task in tasks:
+        d, cat = task.data, _catalog(task.data)
+        # by price; a tie: more stars first, then the id
+        hotels = sorted(cat["hotels"].values(), key=lambda h: (h["night"], -h["stars"], h["id"]))
+        assert hotels[0]["stars"] < d["min_stars"]  # booking the first hotel must fail
+        env = TravelEnv(max_results=2)
+        asyncio.run(env.reset(task))
+        out = env.search_flights(d["origin"], d["dest"], d["start"])
+        prices = [int(line.rsplit("$", 1)[1]) for line in out.splitlines()]
+        legs = [
+            f
+            for f in cat["flights"].values()
+            if (f["origin"], f["date"]) == (d["origin"], d["start"])
+        ]
+        assert prices == sorted(f["price"] for f in legs)[:2]
+        every = env.search_hotels(d["dest"], d["start"], d["end"])
+        assert _first_ids(every) == [h["id"] for h in hotels[:2]]
+        ok = env.search_hotels(d["dest"], d["start"], d["end"], min_stars=d["min_stars"])
+        want = [h["id"] for h in hotels if h["stars"] >= d["min_stars"]][:2]
+        assert _first_ids(ok) == want
+    with pytest.raises(ValueError, match=r"listing='price': expected one of premium, cheapest"):
+        TravelEnv.make_tasks("train", 1, listing="price")
+
+
+def test_star_filter_bad_values_and_empty_results_are_reported():
+    task = TravelEnv.make_tasks("train", 1, seed=2)[0]
+    d = task.data
+    env = TravelEnv()
+    asyncio.run(env.reset(task))
+    with pytest.raises(ToolError, match="min_stars must be between 1 and 5, got 6"):
+        env.search_hotels(d["dest"], d["start"], d["end"], min_stars=6)
+    top = max(h["stars"] for h in _catalog(d)["hotels"].values())
+    if top < 5:
+        out = env.search_hotels(d["dest"], d["start"], d["end"], min_stars=5)
+        assert out == f"No hotels in {d['dest']} with at least 5 stars."
+
+
+def test_tool_subset_is_what_the_model_sees_and_can_call():
+    env = TravelEnv(tools=["search_flights", "search_hotels", "book_flight", "book_hotel"])
+    task = TravelEnv.make_tasks("train", 1)[0]
+    reset = asyncio.run(env.reset(task))
+    names = [s["function"]["name"] for s in reset.tools]
+    assert names == ["search_flights", "search_hotels", "book_flight", "book_hotel"]
+    cancel = _msg(("cancel", {"booking_id": "B1"}))
+    step = asyncio.run(env.step(cancel, calls_from_message(cancel)))
+    assert step.messages[0]["content"] == (
+        "Error: unknown tool 'cancel'. Available: search_flights, search_hotels, book_flight, "
+        "book_hotel"
+    )
+    with pytest.raises(ValueError, match=r"tools: unknown \['refund'\]; travel's tools are"):
+        TravelEnv(tools=["search_flights", "refund"])
+    with pytest.raises(ValueError, match="tools='search_flights': expected a non-empty list"):
+        TravelEnv(tools="search_flights")
+    with pytest.raises(ValueError, match="max_results=0: expected an integer >= 1 or None"):
+        TravelEnv(max_results=0)
+
+
+def test_filter_oracle_solves_and_its_slip_drops_the_star_filter():
+    """``style="filter"``: the flights first, then the hotel searched with ``min_stars``, every
+    booking the first result; slipping, the hotel search leaves ``min_stars`` out and the booked
+    hotel breaks the star rating (a violation after the hotel is booked, none before)."""
+    tasks = TravelEnv.make_tasks("heldout", 20, listing="cheapest")
+    env = TravelEnv(tools=["search_flights", "search_hotels", "book_flight", "book_hotel"],
+                    max_results=2)  # fmt: skip
+    for task in tasks:
+        verdict, messages, anns = asyncio.run(drive(env, task, oracle_policy(task, style="filter")))
+        assert verdict.success, messages
+        assert len(anns) == 4 and verdict.info["total_cost"] <= task.data["budget"]
+        assert messages[-1]["content"] == "Booked B1, B2, B3."
+        slipped = oracle_policy(task, style="filter", slip_prob=1.0, rng=random.Random(0))
+        verdict, messages, anns = asyncio.run(drive(env, task, slipped))
+        search = [c for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []
+                  if c["function"]["name"] == "search_hotels"]  # fmt: skip
+        assert [list(c["function"]["arguments"]) for c in search] == [
+            ["city", "checkin", "checkout"]
+        ]
+        assert not verdict.success
+        assert [bool(a[Ann.CONSTRAINT_VIOLATIONS]) for a in anns] == [False, False, True, True]
+    with pytest.raises(ValueError, match=r"style='filter' books each search's first result.*"
+                       r"listing='cheapest'.*env.tasks.listing=cheapest"):  # fmt: skip
+        oracle_policy(TravelEnv.make_tasks("train", 1)[0], style="filter")
+    with pytest.raises(ValueError, match="style='greedy': expected one of compare, filter"):
+        oracle_policy(tasks[0], style="greedy")
