@@ -322,6 +322,8 @@ def write(name: str, results: list[dict], root: Path) -> str:
             xs = [p[0] for p in pts]
             # a long override set wrapped, so the legend stays inside the plot
             label = "\n".join(textwrap.wrap(variant, 40)) or variant
+            k = sum(1 for r in results if r["variant"] == variant and r["curve"])
+            label += f" ({k} seed{'s' if k != 1 else ''})"  # gated seeds have no curve
             ax.plot(xs, [p[1] for p in pts], marker="o", label=label)
             if not any(math.isnan(p[2]) for p in pts):  # one seed: no interval
                 ax.fill_between(xs, [p[2] for p in pts], [p[3] for p in pts], alpha=0.2)

@@ -37,15 +37,16 @@ def test_preset_passes_the_start_up_checks(name):
     assert own.trainer.sft_copy_steps < own.trainer.sft_steps
     cfg = to_run_config(compose("config", [f"experiment={name}", "mesh=single", *QUICK]))
     assert cfg.name == f"exp_{name}" and cfg.env.name == name
-    assert any(v > 0 for v in cfg.env.oracle.values())  # the annotator defect is on
+    rates = [v for k, v in cfg.env.oracle.items() if k.endswith("_prob")]
+    assert rates and all(v > 0 for v in rates)  # the annotator defect is on
     need = asyncio.run(check_oracle_fits(build_train(cfg)))
     assert need["turns"] <= cfg.rollout.max_turns
 
 
-LIMITS = {"travel": ("rollout.max_turns=5", "rollout.max_new_tokens=176"),
+LIMITS = {"travel": ("rollout.max_turns=5", "rollout.max_new_tokens=160"),
           "sql": ("rollout.max_turns=5", "rollout.max_new_tokens=128")}  # fmt: skip
 """Four SFT steps leave a random policy that runs every episode to the limits: the script path
-below runs under limits nearer what the oracle's episodes need (travel: 4 turns of up to 153
+below runs under limits nearer what the oracle's episodes need (travel: 4 turns of up to ~150
 tokens; sql: 4 of up to 113), which the job's own start-up check holds it to. The presets' own
 limits are checked above."""
 
