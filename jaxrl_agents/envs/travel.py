@@ -458,6 +458,14 @@ def _calls(k: int, *calls: tuple[str, dict[str, Any]]) -> Message:
     }
 
 
+def _flight_searches(d: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The trip's two flight searches (out on the start date, back on the end date)."""
+    return [
+        ("search_flights", {"origin": d["origin"], "dest": d["dest"], "date": d["start"]}),
+        ("search_flights", {"origin": d["dest"], "dest": d["origin"], "date": d["end"]}),
+    ]
+
+
 def _policy(
     task: Task, choose: Callable[[list[str], bool], str]
 ) -> Callable[[list[Message]], Message]:
@@ -469,8 +477,7 @@ def _policy(
         if turn == 0:
             return _calls(
                 0,
-                ("search_flights", {"origin": d["origin"], "dest": d["dest"], "date": d["start"]}),
-                ("search_flights", {"origin": d["dest"], "dest": d["origin"], "date": d["end"]}),
+                *_flight_searches(d),
                 ("search_hotels", {"city": d["dest"], "checkin": d["start"], "checkout": d["end"]}),
             )
         if turn == 1:
@@ -521,8 +528,7 @@ def _filter_policy(task: Task, slip: bool) -> Callable[[list[Message]], Message]
         if turn == 0:
             return _calls(
                 0,
-                ("search_flights", {"origin": d["origin"], "dest": d["dest"], "date": d["start"]}),
-                ("search_flights", {"origin": d["dest"], "dest": d["origin"], "date": d["end"]}),
+                *_flight_searches(d),
             )
         if turn == 1:
             hotel = {"city": d["dest"], "checkin": d["start"], "checkout": d["end"]}

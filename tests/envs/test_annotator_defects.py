@@ -22,8 +22,8 @@ CASES = [  # env, option, failure mode it injects, success of the defective epis
 ]
 
 
-def run(env_name: str, options: dict, n: int = 60):
-    env = resolve_env(EnvSpec(name=env_name))
+def run(env_name: str, options: dict, n: int = 60, spec: EnvSpec | None = None):
+    env = resolve_env(spec or EnvSpec(name=env_name))
     chat = build_chat(ChatSpec())
     engine = ScriptedEngine(chat, policy_factory=env.oracle(options, rng=np.random.default_rng(0)))
     orch = Collector(chat=chat, env_factory=env.factory, rollout=FREE).orchestrator(
@@ -137,14 +137,7 @@ def test_travel_filter_habit_drops_the_star_filter_on_its_minimum_only():
                  "max_results": 2},
         tasks={"listing": "cheapest"},
     )  # fmt: skip
-    env = resolve_env(spec)
-    chat = build_chat(ChatSpec())
-    options = {"style": "filter", "slip_prob": 1.0, "slip_stars": [4]}
-    engine = ScriptedEngine(chat, policy_factory=env.oracle(options, rng=np.random.default_rng(0)))
-    orch = Collector(chat=chat, env_factory=env.factory, rollout=FREE).orchestrator(
-        engine, greedy=True, group_size=1
-    )
-    trajs = asyncio.run(orch.run(env.tasks("train", 40, seed=0), group_size=1))
+    trajs = run("travel", {"style": "filter", "slip_prob": 1.0, "slip_stars": [4]}, 40, spec)
     assert all(len(t.tools) == 4 for t in trajs)
     fours = [t for t in trajs if t.task.data["min_stars"] == 4]
     assert 10 <= len(fours) <= 35
