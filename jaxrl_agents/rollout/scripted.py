@@ -52,8 +52,9 @@ class ScriptedSession:
             reason = chat.check_round_trip(msg)
             if reason is not None:
                 self.engine.mismatches.append(reason)
-        ids = chat.tokenizer.encode(chat.assistant_text(msg), add_special_tokens=False)
-        ids = ids + [chat.stop_token_ids[0]]
+        # As the SFT path encodes a written assistant turn: the message's own strings as plain
+        # text, the template's markup as control tokens.
+        ids = chat.assistant_ids(msg) + [chat.stop_token_ids[0]]
         max_new = getattr(params, "max_new_tokens", len(ids))
         finish = "stop"
         if len(ids) > max_new:
