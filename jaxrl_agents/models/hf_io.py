@@ -191,6 +191,18 @@ def _read_param(reader: _Reader, key: str, shape: tuple[int, ...], dtype, n_laye
     return out
 
 
+def _local_folder(path: str | Path) -> Path:
+    """``path``, or the converted folder of a GGUF model (``CheckpointError`` when it fails)."""
+    from jaxrl_agents.models import gguf
+
+    if not gguf.is_gguf(path):
+        return Path(path)
+    try:
+        return gguf.local_folder(path)
+    except gguf.GGUFError as e:
+        raise CheckpointError(str(e)) from e
+
+
 def load_pretrained(
     path: str | Path,
     *,
@@ -204,9 +216,10 @@ def load_pretrained(
     """Load a local HF folder -> (Transformer placed on ``mesh`` or the default device, tokenizer).
 
     The tokenizer (``AutoTokenizer``) is returned when ``tokenizer`` is true and the folder has
-    tokenizer files, else ``None``.
+    tokenizer files, else ``None``. ``path`` may also be a ``.gguf`` file or a named GGUF model
+    (``smollm2``): it is read through its cached converted folder (``models.gguf``).
     """
-    folder = Path(path)
+    folder = _local_folder(path)
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder} is not a Hugging Face model folder (no config.json)")
     hf_cfg = json.loads((folder / "config.json").read_text())
