@@ -42,6 +42,7 @@ LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
     "head_dim": None,
     "mlp": "tensor",
     "norm": None,
+    "lora": None,  # a LoRA adapter's rank
 }
 
 

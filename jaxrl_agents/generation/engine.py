@@ -222,11 +222,22 @@ class Engine:
         self._model_state = state  # the structure update_weights validates against
         if self.unrolled:
             # One program re-lays the weights out (per-layer, compute dtype) on every update.
-            self._relayout = jax.jit(lambda st: decoder.decode_weights(nnx.merge(graphdef, st)))
+            merge = cfg.merge_lora
+            self._relayout = jax.jit(
+                lambda st: decoder.decode_weights(nnx.merge(graphdef, st), merge_lora=merge)
+            )
             hidden = functools.partial(decoder.forward_unrolled, mcfg)
             logits = decoder.logits_unrolled
             state = self._relayout(state)
+        elif mcfg.lora is not None and cfg.merge_lora:
+            # The model's own layer scan over the base weights with the adapters folded in.
+            from jaxrl_agents.models.lora import merge_lora
+
+            self._relayout = jax.jit(lambda st: nnx.state(merge_lora(nnx.merge(graphdef, st))))
+            hidden, logits = stacked_forward(nnx.graphdef(merge_lora(model)))
+            state = self._relayout(state)
         else:
+            self._relayout = None
             hidden, logits = stacked_forward(graphdef)
         # Row-compacted prefill: unrolled layers without a mesh (under a mesh the slots are
         # sharded and a prefill keeps every shard busy with its own rows).
@@ -343,7 +354,7 @@ class Engine:
         state = jax.tree.unflatten(old_tree, new_leaves)
         self._version += 1  # cached prefixes were computed under the old weights
         self._model_state = state
-        self._state = self._relayout(state) if self.unrolled else state
+        self._state = self._relayout(state) if self._relayout is not None else state
 
     async def __aenter__(self) -> Engine:
         if self._task is not None:

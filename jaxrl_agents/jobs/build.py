@@ -246,6 +246,11 @@ def uses_critic(cfg: RunConfig) -> bool:
 def build_policy(cfg: RunConfig, *, vocab_size: int, mesh=None):
     """The policy of ``cfg`` (``build_model``), with its critic attached when the run has one."""
     model = build_model(cfg.model, vocab_size=vocab_size, mesh=mesh, seed=cfg.seed)
+    lora = cfg.model.lora.config()
+    if lora is not None:  # adapters on the frozen base, drawn from the run's seed
+        from jaxrl_agents.models.lora import add_lora
+
+        add_lora(model, lora, seed=cfg.seed, mesh=mesh)
     if uses_critic(cfg):
         from jaxrl_agents.training.critic import attach_critic
 
@@ -254,11 +259,23 @@ def build_policy(cfg: RunConfig, *, vocab_size: int, mesh=None):
     return model
 
 
-def split_params(model) -> tuple[Any, Any, Any]:
-    """(graphdef, trainable params, everything else) of an NNX model."""
+def trainable(model) -> Any:
+    """The NNX filter of what the optimizer trains: every ``nnx.Param``, or with LoRA
+    (``model.lora``) the adapters and the critic's head only, the base frozen."""
     from flax import nnx
 
-    return nnx.split(model, nnx.Param, ...)
+    if getattr(model.cfg, "lora", None) is None:
+        return nnx.Param
+    from jaxrl_agents.training.critic import ATTR
+
+    return nnx.Any(nnx.LoRAParam, nnx.All(nnx.Param, nnx.PathContains(ATTR)))
+
+
+def split_params(model) -> tuple[Any, Any, Any]:
+    """(graphdef, trainable params, everything else) of an NNX model (see :func:`trainable`)."""
+    from flax import nnx
+
+    return nnx.split(model, trainable(model), ...)
 
 
 def build_engine(model, cfg, *, mesh=None):
@@ -419,6 +436,27 @@ def check_run(cfg: RunConfig, env: EnvBinding) -> None:
             f"{cfg.sampler.max_seq_len} (the engine's per-session context); raise "
             "sampler.max_seq_len or lower rollout.max_total_tokens"
         )
+
+
+def pretrained_warning(cfg: RunConfig) -> str | None:
+    """One line when a pretrained checkpoint (``model.path``) meets settings made for a model
+    trained from scratch: synthetic copy steps, or full fine-tuning at a learning rate >= 1e-3
+    (SFT's or RL's), which wipe out what it knows within a few steps."""
+    if cfg.model.path is None:
+        return None
+    tr, bad = cfg.trainer, []
+    if tr.sft_steps > 0 and tr.sft_copy_steps > 0:
+        bad.append(f"trainer.sft_copy_steps={tr.sft_copy_steps} (synthetic copy rows)")
+    if cfg.model.lora.rank is None:
+        if tr.sft_steps > 0 and tr.sft_lr >= 1e-3:
+            bad.append(f"trainer.sft_lr={tr.sft_lr:g} with full fine-tuning")
+        if tr.rl_steps > 0 and cfg.optimizer.lr >= 1e-3:
+            bad.append(f"optimizer.lr={cfg.optimizer.lr:g} with full fine-tuning")
+    if not bad:
+        return None
+    return (f"WARNING: model.path={cfg.model.path} is a pretrained checkpoint but "
+            f"{' and '.join(bad)} are settings for a model trained from scratch; "
+            "trainer=instruct or trainer=instruct_lora are made for it")  # fmt: skip
 
 
 def _mesh(cfg: RunConfig):

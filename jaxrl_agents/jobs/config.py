@@ -35,6 +35,34 @@ class JobAborted(RuntimeError):
 
 
 @dataclasses.dataclass
+class LoRASpec:
+    """LoRA adapters on the policy's projections (``model.lora``); ``rank: null`` = full
+    fine-tuning. See ``jaxrl_agents.models.config.LoRAConfig``."""
+
+    rank: int | None = None
+    """Adapter rank r; null: no adapters, every parameter is trained."""
+    alpha: float = 32.0
+    """The update is ``alpha / rank * A @ B`` (PEFT's ``lora_alpha``)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input (only 0.0 is implemented)."""
+    targets: list[str] = dataclasses.field(
+        default_factory=lambda: ["q", "k", "v", "o", "gate", "up", "down"]
+    )
+    """Wrapped projections: q k v o gate up down (or q_proj ... down_proj)."""
+
+    def __post_init__(self) -> None:
+        self.config()  # every value checked now, one line naming it
+
+    def config(self):
+        """The model's ``LoRAConfig``, or None for full fine-tuning."""
+        if self.rank is None:
+            return None
+        from jaxrl_agents.models.config import LoRAConfig
+
+        return LoRAConfig(self.rank, self.alpha, self.dropout, tuple(self.targets))
+
+
+@dataclasses.dataclass
 class ModelSpec:
     """Which policy to train (Hydra group ``model``)."""
 
@@ -52,6 +80,9 @@ class ModelSpec:
     attention: str = "auto"
     """Multi-query attention (training, prefill): reference | fused | auto (fused on GPU:
     cuDNN flash attention, no materialised scores); see ``ModelConfig.attention``."""
+    lora: LoRASpec = dataclasses.field(default_factory=LoRASpec)
+    """LoRA adapters (``model.lora.rank=16``); the base stays frozen. Unset rank: full
+    fine-tuning."""
 
     def __post_init__(self) -> None:
         for name in ("dtype", "param_dtype"):
@@ -369,6 +400,10 @@ class ExportConfig:
     dtype: str | None = None
     """bfloat16 | float32 | float16. Default: the dtype of the run's source checkpoint
     (``model.path``), or the policy's ``param_dtype`` for a fresh model."""
+    merge: bool = False
+    """A LoRA run (``model.lora.rank``): false writes a PEFT adapter folder (``peft`` loads it
+    onto the base model); true writes the full model with the adapters folded into the weights.
+    A run without adapters always writes the full model."""
 
     def __post_init__(self) -> None:
         if self.which not in ("latest", "best", "sft"):

@@ -27,8 +27,23 @@ def tokenizer_folder(run_cfg: RunConfig) -> Path | None:
 
     if run_cfg.chat.template is not None:
         return None
-    path = run_cfg.chat.tokenizer or run_cfg.model.path
-    return Path(tiny_tokenizer_path() if path is None or path == "tiny" else path)
+    path = run_cfg.chat.tokenizer
+    if path is not None:
+        return Path(tiny_tokenizer_path() if path == "tiny" else path)
+    if run_cfg.model.path is None or run_cfg.model.path == "tiny":
+        return Path(tiny_tokenizer_path())
+    return Path(base_folder(run_cfg))
+
+
+def base_folder(run_cfg: RunConfig) -> str | None:
+    """The Hugging Face folder of the run's base model (``model.path``; a GGUF file's converted
+    folder), recorded as a PEFT adapter's ``base_model_name_or_path``."""
+    path = run_cfg.model.path
+    if path is None:
+        return None
+    from jaxrl_agents.models.gguf import local_folder
+
+    return str(Path(local_folder(path)).resolve())
 
 
 def export_policy(
@@ -39,13 +54,22 @@ def export_policy(
     *,
     dtype: str | None = None,
     max_shard_size: str = "2GB",
+    merge: bool = False,
 ) -> Path:
     """Write ``model`` (a policy of the run ``run_cfg``, critic removed) as an HF folder ``out``.
 
     ``dtype``: default the source checkpoint's (``model.path``), else the policy's
-    ``param_dtype``."""
+    ``param_dtype``. A policy with LoRA adapters is written as a PEFT adapter folder on its base
+    (``model.path``), unless ``merge``: then as the full model, the adapters folded in."""
     from jaxrl_agents.models import export_pretrained
     from jaxrl_agents.training.critic import without_critic
+
+    if getattr(model.cfg, "lora", None) is not None and not merge:
+        from jaxrl_agents.models.peft_io import export_peft
+
+        return export_peft(
+            without_critic(model), out, base=base_folder(run_cfg), dtype=dtype or "float32"
+        )
 
     try:  # the ids that ended the policy's turns in training
         stop_ids = build_chat(run_cfg.chat, run_cfg.model.path, tokenizer=tokenizer).stop_token_ids
@@ -53,7 +77,7 @@ def export_policy(
         stop_ids = []
     return export_pretrained(
         without_critic(model), out, tokenizer=tokenizer, max_shard_size=max_shard_size,
-        dtype=dtype, generation=generation_defaults(run_cfg.rollout), source=run_cfg.model.path,
+        dtype=dtype, generation=generation_defaults(run_cfg.rollout), source=base_folder(run_cfg),
         tokenizer_source=tokenizer_folder(run_cfg), stop_token_ids=stop_ids,
     )  # fmt: skip
 
@@ -64,6 +88,12 @@ def export_run(cfg: ExportConfig) -> tuple[Path, dict[str, Any]]:
     out = Path(cfg.out or Path(cfg.run_dir) / f"hf_export_{cfg.which}")
     run_cfg = load_run_config(cfg.run_dir)
     export_policy(
-        model, tokenizer, run_cfg, out, dtype=cfg.dtype, max_shard_size=cfg.max_shard_size
+        model,
+        tokenizer,
+        run_cfg,
+        out,
+        dtype=cfg.dtype,
+        max_shard_size=cfg.max_shard_size,
+        merge=cfg.merge,
     )
     return out, meta

@@ -31,6 +31,29 @@ def checksum(params: Any) -> float:
     return float(sum(np.asarray(D.host_value(x), np.float64).sum() for x in leaves))
 
 
+def lora_base(cfg: Any, model: Any, record: Any, has_checkpoints: bool) -> dict | None:
+    """With LoRA (``model.lora.rank``), the identity of the frozen base the adapters are trained
+    on (``stages.json``'s ``lora_base`` and every checkpoint's metadata): its path and
+    ``models.lora.base_fingerprint``. A run folder with checkpoints made on another base stops
+    in one line (its adapters mean nothing on this one)."""
+    if cfg.model.lora.config() is None:
+        return None
+    from jaxrl_agents.jobs.config import ConfigError
+    from jaxrl_agents.models.lora import base_fingerprint
+
+    where = cfg.model.path or f"a fresh model.init (seed {cfg.seed})"
+    base = {"path": where, "fingerprint": base_fingerprint(model)}
+    old = record.stages.get("lora_base")
+    if has_checkpoints and old is not None and old["fingerprint"] != base["fingerprint"]:
+        raise ConfigError(
+            f"model.path={where}: the LoRA adapters in {str(record.dir)!r} were trained on "
+            f"another base ({old['path']}, fingerprint {old['fingerprint']}; this one is "
+            f"{base['fingerprint']}): resume on that base, or use a new run_dir"
+        )
+    record.set("lora_base", base)
+    return base
+
+
 def step_row(run, roll, everyone, db, metrics, train_s: float, engine, s: int) -> dict:
     """The step's log row over the global batch (episodes all-gathered without token lists)."""
     stats = summarize(everyone)

@@ -61,6 +61,17 @@ def load_policy(
         state, meta = ckpt.restore(abstract, step=step, which=which)
     finally:
         ckpt.close()
+    recorded = meta.get("lora_base")
+    if recorded is not None:  # adapters: only valid on the base they were trained on
+        from jaxrl_agents.models.lora import base_fingerprint
+
+        now = base_fingerprint(model)
+        if now != recorded["fingerprint"]:
+            raise ValueError(
+                f"{run_dir}: its LoRA adapters were trained on {recorded['path']} (fingerprint "
+                f"{recorded['fingerprint']}); model.path={cfg.model.path} now holds another base "
+                f"(fingerprint {now})"
+            )
     return nnx.merge(graphdef, state.params, rest), tokenizer, meta
 
 

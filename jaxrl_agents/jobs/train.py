@@ -82,7 +82,9 @@ class _Run:
         self.record = RunRecord(cfg.run_dir)
         ckpt_dir = self.record.dir / "checkpoints"
         # before anything is written:
-        self.record.check_config(cfg, has_checkpoints=report.has_steps(ckpt_dir))
+        has_checkpoints = report.has_steps(ckpt_dir)
+        self.record.check_config(cfg, has_checkpoints=has_checkpoints)
+        self.base = report.lora_base(cfg, system.model, self.record, has_checkpoints)
         self.record.write_config(cfg)
         self.record.note_environment(environment())
         self.logger = RunLogger(cfg.run_dir)
@@ -146,13 +148,18 @@ class _Run:
                              f"{self.tr.error_abort_frac})")  # fmt: skip
         print(f"WARNING: {line}", file=sys.stderr, flush=True)
 
+    def meta(self, stage: str, stage_step: int) -> dict[str, Any]:
+        """A checkpoint's metadata: stage, step and (LoRA) the base the adapters belong to."""
+        base = {} if self.base is None else {"lora_base": self.base}
+        return {"stage": stage, "stage_step": stage_step, **base}
+
     def checkpoint(self, step: int, state: TrainState, stage: str, stage_step: int, **kw) -> None:
-        self.ckpt.save(step, state, {"stage": stage, "stage_step": stage_step}, **kw)
+        self.ckpt.save(step, state, self.meta(stage, stage_step), **kw)
 
     def offer_best(self, rl_step: int, state: TrainState, val_success: float) -> None:
         """Offer the state after RL step ``rl_step`` to keep-best, by *validation* success (the
         test split's numbers stay unbiased by the selection)."""
-        meta = {"stage": "rl", "stage_step": rl_step}
+        meta = self.meta("rl", rl_step)
         metrics = {"validation_success": val_success}
         self.ckpt.save_best(self.tr.sft_steps + rl_step, state, meta, metrics)
 
@@ -200,7 +207,7 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
             # RL starts from the SFT weights with a fresh optimizer.
             state, stage, step = run.fresh_state(state.params, run.rl_tx), "rl", 0
             run.checkpoint(tr.sft_steps, state, "rl", 0, force=True)
-            run.ckpt.save_sft(tr.sft_steps, state, {"stage": "rl", "stage_step": 0})
+            run.ckpt.save_sft(tr.sft_steps, state, run.meta("rl", 0))
             run.offer_best(0, state, val["success"])
         if step == 0:  # RL starts here (after SFT, or resumed where it would): the gate
             _gate_rl(run, run.record.stages.get("sft_validation"))

@@ -32,6 +32,56 @@ class ModelConfigError(ValueError):
     """A config the decoder cannot represent (unknown model_type, rope type, dtype, ...)."""
 
 
+LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+"""Projections a LoRA adapter can wrap (ours; PEFT's ``q_proj`` ... ``down_proj`` are read too)."""
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """Low-rank adapters on the decoder's projections (``W + alpha / rank * A @ B``, B zero at
+    the start, so a fresh adapter leaves the base policy unchanged). The base weights are frozen:
+    only the adapters (and a critic, when the run has one) are trained."""
+
+    rank: int = 16
+    """Inner dimension r of each adapter."""
+    alpha: float = 32.0
+    """Scale numerator: the update is ``alpha / rank * A @ B`` (PEFT's ``lora_alpha``)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input. Only 0.0 is implemented (the usual setting for RL)."""
+    targets: tuple[str, ...] = LORA_TARGETS
+    """Wrapped projections, a subset of ``q k v o gate up down`` (or PEFT's ``*_proj`` names)."""
+
+    def __post_init__(self) -> None:
+        if int(self.rank) != self.rank or self.rank < 1:
+            raise ModelConfigError(f"rank={self.rank!r} must be an integer >= 1")
+        if not self.alpha > 0:
+            raise ModelConfigError(f"alpha={self.alpha!r} must be > 0")
+        if self.dropout != 0.0:
+            raise ModelConfigError(
+                f"dropout={self.dropout!r}: dropout on the adapters is not implemented; valid: 0.0"
+            )
+        names = [self.targets] if isinstance(self.targets, str) else list(self.targets)
+        out = []
+        for name in names:
+            ours = str(name).removeprefix("self_attn.").removeprefix("mlp.").removesuffix("_proj")
+            if ours not in LORA_TARGETS:
+                raise ModelConfigError(
+                    f"{name!r} is not a projection; valid: "
+                    f"{', '.join(LORA_TARGETS)} (or {', '.join(t + '_proj' for t in LORA_TARGETS)})"
+                )
+            if ours not in out:
+                out.append(ours)
+        if not out:
+            raise ModelConfigError("targets is empty: name at least one projection")
+        object.__setattr__(self, "rank", int(self.rank))
+        object.__setattr__(self, "alpha", float(self.alpha))
+        object.__setattr__(self, "targets", tuple(t for t in LORA_TARGETS if t in out))
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """Llama 3.x frequency-dependent RoPE scaling (HF ``rope_type: llama3``)."""
@@ -106,6 +156,9 @@ class ModelConfig:
     """One-query decode steps over the KV cache: ``reference`` (masked einsums over the attention
     window) or ``pallas`` (``models.decode_attention``: a ragged kernel that reads only each
     row's visible positions; Triton on GPU, interpret mode elsewhere — for tests, slow)."""
+    lora: LoRAConfig | None = None
+    """Low-rank adapters on the projections (``models.lora``); None: none. Not exported to
+    ``config.json`` (a PEFT adapter folder or a merged checkpoint carries them)."""
 
     def __post_init__(self) -> None:
         if self.decode_attention not in ("reference", "pallas"):

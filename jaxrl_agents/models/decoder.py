@@ -43,6 +43,7 @@ from flax import nnx
 from jax import Array
 
 from jaxrl_agents.models.config import ModelConfig
+from jaxrl_agents.models.lora import LoRAAdapters, lora_delta, merge_layer
 from jaxrl_agents.models.rope import apply_rope, inverse_frequencies
 
 # Large-negative rather than -inf so rows with no visible key (padding) stay finite.
@@ -267,10 +268,18 @@ def _block(cfg: ModelConfig, p: dict, x: Array, positions, inv_freq, mask, write
         if cfg.attention_bias:
             qkv = qkv + p["qkv_bias"].astype(dt)
         q, k, v = qkv[:, :, :H], qkv[:, :, H : H + K], qkv[:, :, H + K :]
+        if "lora" in p:  # adapters kept unmerged in the sampler (EngineConfig.merge_lora=false)
+            q, k, v = (
+                _plus(t, lora_delta(cfg, p, n, h)) for t, n in ((q, "q"), (k, "k"), (v, "v"))
+            )
     else:
         q = jnp.einsum("btd,dhk->bthk", h, p["q"].astype(dt))
         k = jnp.einsum("btd,dhk->bthk", h, p["k"].astype(dt))
         v = jnp.einsum("btd,dhk->bthk", h, p["v"].astype(dt))
+        if "lora" in p:
+            q, k, v = (
+                _plus(t, lora_delta(cfg, p, n, h)) for t, n in ((q, "q"), (k, "k"), (v, "v"))
+            )
         if cfg.attention_bias:
             q = q + p["q_bias"].astype(dt)
             k = k + p["k_bias"].astype(dt)
@@ -298,7 +307,7 @@ def _block(cfg: ModelConfig, p: dict, x: Array, positions, inv_freq, mask, write
         attn = _attend(q, k_ctx, v_ctx, mask, k_t=k_t)
     else:
         attn = _attend_fused(q, k_ctx, v_ctx, mask, impl, k_t=k_t)
-    out = jnp.einsum("bthk,hkd->btd", attn, p["o"].astype(dt))
+    out = _plus(jnp.einsum("bthk,hkd->btd", attn, p["o"].astype(dt)), lora_delta(cfg, p, "o", attn))
     if cfg.o_proj_bias:
         out = out + p["o_bias"].astype(dt)
     x = x + out
@@ -307,7 +316,13 @@ def _block(cfg: ModelConfig, p: dict, x: Array, positions, inv_freq, mask, write
         gate, up = jnp.split(h @ p["gate_up"].astype(dt), 2, axis=-1)
     else:
         gate, up = h @ p["gate"].astype(dt), h @ p["up"].astype(dt)
-    return x + (jax.nn.silu(gate) * up) @ p["down"].astype(dt), new
+    gate, up = _plus(gate, lora_delta(cfg, p, "gate", h)), _plus(up, lora_delta(cfg, p, "up", h))
+    act = jax.nn.silu(gate) * up
+    return x + _plus(act @ p["down"].astype(dt), lora_delta(cfg, p, "down", act)), new
+
+
+def _plus(x: Array, delta: Array | None) -> Array:
+    return x if delta is None else x + delta
 
 
 class Transformer(nnx.Module):
@@ -327,6 +342,16 @@ class Transformer(nnx.Module):
         self.final_norm = _param(values["final_norm"], layout["final_norm"][1])
         if not cfg.tie_word_embeddings:
             self.lm_head = _param(values["lm_head"], layout["lm_head"][1])
+        if cfg.lora is not None:
+            self.lora = LoRAAdapters(cfg, key=rngs.params())
+
+    def stacked_params(self, *, adapters: bool = True) -> dict[str, Any]:
+        """The layer scan's weights: every stacked base weight, and under ``"lora"`` the
+        adapters' ``target -> (A, B)`` when the policy has them (and ``adapters``)."""
+        out: dict[str, Any] = self.layers.stacked()
+        if adapters and self.cfg.lora is not None and hasattr(self, "lora"):
+            out["lora"] = self.lora.stacked()
+        return out
 
     # ------------------------------------------------------------------ public API
     def __call__(
@@ -385,7 +410,7 @@ class Transformer(nnx.Module):
         if cfg.remat:
             block = jax.checkpoint(block, prevent_cse=False)
         layer_ids = jnp.arange(cfg.num_hidden_layers)
-        (x, kv), _ = jax.lax.scan(block, (x, kv), (self.layers.stacked(), layer_ids))
+        (x, kv), _ = jax.lax.scan(block, (x, kv), (self.stacked_params(), layer_ids))
         h = rms_norm(x, self.final_norm[...], eps=cfg.rms_norm_eps)
         if cache is not None:
             n_valid = valid.sum(axis=1).astype(cache.lengths.dtype)
@@ -420,18 +445,21 @@ def _fuse(p: dict[str, Array], cfg: ModelConfig) -> dict[str, Array]:
     return p
 
 
-def decode_weights(model: Transformer) -> dict[str, Any]:
+def decode_weights(model: Transformer, *, merge_lora: bool = True) -> dict[str, Any]:
     """The model's weights in the sampler's layout (traceable; jit it with the model split).
 
     ``{"embed": [V, D], "head": [D, V], "final_norm": [D], "layers": (per-layer dicts, ...)}``,
     every array cast to the compute dtype (the forward casts them to it anyway, so the
-    numerics are the same as ``Transformer.__call__``).
+    numerics are the same as ``Transformer.__call__``). LoRA adapters are folded into the
+    weights (``merge_lora``, in float32 before the cast) or kept per layer under ``"lora"``.
     """
     cfg = model.cfg
     dt = jnp.dtype(cfg.dtype)
-    stacked = model.layers.stacked()
+    stacked = model.stacked_params()
+    if merge_lora:
+        stacked = merge_layer(cfg, stacked)
     layers = tuple(
-        {k: v[i].astype(dt) for k, v in stacked.items()} for i in range(cfg.num_hidden_layers)
+        jax.tree.map(lambda v, i=i: v[i].astype(dt), stacked) for i in range(cfg.num_hidden_layers)
     )
     layers = tuple(_fuse(p, cfg) for p in layers)
     embed = model.embed[...].astype(dt)

@@ -38,6 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_agents.models.config import ModelConfig
 from jaxrl_agents.models.decoder import Transformer
+from jaxrl_agents.models.lora import merge_lora
 from jaxrl_agents.sharding import logical_sharding
 
 SINGLE_FILE = "model.safetensors"
@@ -279,7 +280,9 @@ def _to_host(x: jax.Array) -> np.ndarray:
 
 
 def hf_tensors(model: Transformer, *, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield ``(hf_name, array)`` in HF layout, one parameter gathered to host at a time."""
+    """Yield ``(hf_name, array)`` in HF layout, one parameter gathered to host at a time (LoRA
+    adapters folded into the weights they wrap)."""
+    model = merge_lora(model)
     cfg = model.cfg
     out_dtype = jnp.dtype(dtype or cfg.param_dtype)
     for key, var in _param_items(nnx.state(model, nnx.Param)):
