@@ -595,11 +595,18 @@ async def check_oracle_limits(
 
 def build_train(cfg: RunConfig) -> TrainSystem:
     """Check ``cfg``, then build every component of the training job (nothing compiles here)."""
+    import sys
+
+    import jax
+
     from jaxrl_agents import distributed as D
     from jaxrl_agents.rollout import Collector
 
     env = resolve_env(cfg.env)
     check_run(cfg, env)
+    warning = pretrained_warning(cfg)
+    if warning and jax.process_index() == 0:
+        print(warning, file=sys.stderr, flush=True)
     mesh = _mesh(cfg)
     chat = build_chat(cfg.chat, cfg.model.path)
     tokenizer = chat.tokenizer
