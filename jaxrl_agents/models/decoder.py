@@ -207,6 +207,8 @@ def fused_attention(cfg: ModelConfig) -> str | None:
     backend = jax.default_backend()
     if cfg.attention == "reference" or (cfg.attention == "auto" and backend != "gpu"):
         return None
+    if backend == "gpu" and cfg.dtype == "float32":  # cuDNN's kernel takes bf16 / fp16 only
+        return None if cfg.attention == "auto" else "xla"
     return "cudnn" if backend == "gpu" else "xla"
 
 
