@@ -67,8 +67,9 @@ class ModelSpec:
     """Which policy to train (Hydra group ``model``)."""
 
     path: str | None = None
-    """Local Hugging Face folder (config.json + safetensors + tokenizer). None: a fresh model
-    from ``init`` with the shipped tiny tokenizer."""
+    """Local Hugging Face folder (config.json + safetensors + tokenizer), a ``.gguf`` file or
+    ``smollm2`` (converted once into a cached folder, ``models.gguf``). None: a fresh model from
+    ``init`` with the shipped tiny tokenizer."""
     init: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Hugging Face-style config of a fresh model (model_type, hidden_size, ...)."""
     dtype: str = "float32"

@@ -18,6 +18,14 @@ adapter is the base policy exactly.
   projection and nothing per token. ``EngineConfig.merge_lora=false`` keeps the adapters
   unmerged in the decode step instead (measured slower: ``scripts/bench_lora.py``).
 
+Why an NNX-native module and not ``qwix`` (Tunix's route: it intercepts the ``nnx.Linear`` /
+``einsum`` calls of an existing model and adds adapters to them by a regex over module paths):
+this decoder keeps every layer's weights stacked for one ``lax.scan`` and re-lays them out for the
+sampler (``decode_weights``), and neither is a per-layer ``nnx.Linear`` that qwix could wrap; the
+adapters must ride the same scan and be folded into the sampler's copy, which are a few lines
+here. Explicit ``LoRAParam`` variables also give the jobs a filter for what is trained
+(``nnx.LoRAParam``), the PEFT name mapping by construction, and no extra dependency.
+
 Our layouts (leading ``L`` omitted; D model width, H/K query/kv heads, Dh head width, F MLP):
 ``q``: A ``[D, r]``, B ``[r, H, Dh]``; ``k``/``v``: A ``[D, r]``, B ``[r, K, Dh]``; ``o``: A
 ``[H, Dh, r]``, B ``[r, D]``; ``gate``/``up``: A ``[D, r]``, B ``[r, F]``; ``down``: A ``[F, r]``,

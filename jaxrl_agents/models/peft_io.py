@@ -23,9 +23,14 @@ from jaxrl_agents.models.config import LoRAConfig
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _MODULES = {
-    "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
-    "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
-}  # fmt: skip
+    "q": "self_attn.q_proj",
+    "k": "self_attn.k_proj",
+    "v": "self_attn.v_proj",
+    "o": "self_attn.o_proj",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+}
 _PREFIX = "base_model.model.model.layers.{i}."
 
 
@@ -106,8 +111,9 @@ def read_peft_config(folder: str | Path) -> LoRAConfig:
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a readable PEFT adapter config ({e})") from e
     if cfg.get("peft_type") != "LORA" or cfg.get("use_rslora") or cfg.get("use_dora"):
-        raise ValueError(f"{path}: only plain LoRA adapters are supported (peft_type=LORA, "
-                         "no rsLoRA, no DoRA)")  # fmt: skip
+        raise ValueError(
+            f"{path}: only plain LoRA adapters are supported (peft_type=LORA, no rsLoRA, no DoRA)"
+        )
     targets = cfg.get("target_modules") or []
     if isinstance(targets, str):
         raise ValueError(f"{path}: target_modules as a regex ({targets!r}) is not supported")
@@ -124,8 +130,10 @@ def load_peft(model: Any, folder: str | Path) -> Any:
     want = read_peft_config(folder)
     lora = model.cfg.lora
     if lora is None or (lora.rank, lora.targets) != (want.rank, want.targets):
-        raise ValueError(f"{folder}: adapters of rank {want.rank} on {list(want.targets)} do not "
-                         f"match the policy's ({lora})")  # fmt: skip
+        raise ValueError(
+            f"{folder}: adapters of rank {want.rank} on {list(want.targets)} do not "
+            f"match the policy's ({lora})"
+        )
     tensors = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
     scale = want.alpha / lora.alpha
     for name in lora.targets:

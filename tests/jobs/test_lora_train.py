@@ -48,8 +48,9 @@ def test_a_lora_step_changes_no_base_parameter():
     lora_before = jax.tree.map(np.asarray, state.params)
     state, m = step(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
     assert np.isfinite(float(m["loss"])) and int(state.skipped) == 0
-    moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - b).max()), state.params,
-                         lora_before)  # fmt: skip
+    moved = jax.tree.map(
+        lambda a, b: float(np.abs(np.asarray(a) - b).max()), state.params, lora_before
+    )
     assert max(jax.tree.leaves(moved)) > 0  # the adapters learn
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, rest), base_before)
 
@@ -77,8 +78,11 @@ def test_lora_run_records_its_base_exports_peft_and_merged(tmp_path, monkeypatch
     # the exported adapter and the merged full model
     for merge, name in ((False, "adapter"), (True, "merged")):
         out = tmp_path / name
-        monkeypatch.setattr(sys, "argv", ["jaxrl-export", f"run_dir={run}", f"out={out}",
-                                          f"merge={str(merge).lower()}"])  # fmt: skip
+        monkeypatch.setattr(
+            sys,
+            "argv",
+            ["jaxrl-export", f"run_dir={run}", f"out={out}", f"merge={str(merge).lower()}"],
+        )
         export_cli.main()
         files = sorted(p.name for p in out.iterdir())
         if merge:
@@ -110,8 +114,9 @@ def test_pretrained_checkpoint_with_from_scratch_settings_warns():
     line = pretrained_warning(cfg("trainer.sft_copy_steps=10"))  # the demo's sft_lr 1e-3 too
     assert line.count("\n") == 0 and "trainer.sft_copy_steps=10" in line
     assert "trainer.sft_lr=0.001 with full fine-tuning" in line and "trainer=instruct" in line
-    assert "optimizer.lr=0.002" in pretrained_warning(cfg("trainer.sft_steps=0",
-                                                          "optimizer.lr=2e-3"))  # fmt: skip
+    assert "optimizer.lr=0.002" in pretrained_warning(
+        cfg("trainer.sft_steps=0", "optimizer.lr=2e-3")
+    )
     assert pretrained_warning(cfg("trainer=instruct")) is None
     assert pretrained_warning(cfg("trainer=instruct_lora", "optimizer.lr=2e-3")) is None
     assert pretrained_warning(from_tree(RunConfig, compose("config"))) is None  # tiny, fresh

@@ -123,8 +123,14 @@ def test_sampler_runs_the_adapted_policy(qwen2_lora, unroll, merge):
 
     _, _, model, _ = qwen2_lora
     _randomize(model, seed=3)
-    cfg = EngineConfig(max_slots=2, max_seq_len=48, prefill_buckets=(16,), decode_chunk=4,
-                       unroll_layers=unroll, merge_lora=merge)  # fmt: skip
+    cfg = EngineConfig(
+        max_slots=2,
+        max_seq_len=48,
+        prefill_buckets=(16,),
+        decode_chunk=4,
+        unroll_layers=unroll,
+        merge_lora=merge,
+    )
     prompts = [[5, 17, 3, 99, 42], [9, 23, 64, 12, 5, 6, 8]]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
     want = Engine(merge_lora(model), cfg).generate_batch(prompts, greedy)
