@@ -134,3 +134,16 @@ def test_bench_gpu_smoke_and_render(tmp_path):
     assert (
         "| [1] | tiny (0.00B) unrolled | 4 |" in text and "| [1] | tiny | 4 x 128 | False |" in text
     )
+
+
+def test_bench_lora_fields():
+    """Both variants in their own processes on the tiny model; the adapters' trainable state is
+    a small fraction of full fine-tuning's."""
+    out = _run("bench_lora.py", "--quick")
+    for key in ("update_speedup", "step_speedup", "trainable_state_frac", "train_peak_rss_frac"):
+        assert out[key] > 0, key
+    for v in ("full", "lora"):
+        assert out[v]["update_s"] > 0 and out[v]["rollout_s"] > 0 and out[v]["logprobs_s"] > 0
+    assert out["lora"]["trainable_params"] < 0.05 * out["full"]["trainable_params"]
+    assert out["trainable_state_frac"] < 0.05
+    assert out["lora"]["rollout_unmerged_s"] > 0  # the unmerged sampler measured too
