@@ -250,7 +250,7 @@ def child(args) -> dict:
     upd = _timed(one_update, args.repeats)
 
     @jax.jit
-    def logprobs(params):
+    def logprobs(params, rest):  # rest an argument: closed over, the base would be a constant
         m = nnx.merge(graphdef, params, rest)
         return token_stats(
             m,
@@ -262,7 +262,7 @@ def child(args) -> dict:
             with_entropy=False,
         ).logprobs
 
-    lp = _timed(lambda: logprobs(holder["state"].params), args.repeats)
+    lp = _timed(lambda: logprobs(holder["state"].params, rest), args.repeats)
     # the training phases' high-water mark, before the sampler's engines add their own copies
     train_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     policy = nnx.merge(graphdef, holder["state"].params, rest)

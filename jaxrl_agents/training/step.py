@@ -133,6 +133,26 @@ def _is_finite_tree(tree: Any) -> jax.Array:
 StepFn = Callable[[TrainState, TrainBatch, LossInputs], tuple[TrainState, dict[str, jax.Array]]]
 
 
+class WithRest:
+    """A jitted ``fn(*args, rest)`` called as ``fn(*args)``: the model's non-trained state
+    (``rest``: RoPE tables, or under LoRA the whole frozen base) goes in as an argument of every
+    call, never as a constant of the compiled program (closed-over arrays are baked into the
+    program, where XLA constant-folds them: seconds of compile per base weight and a second copy
+    of the base inside the executable)."""
+
+    def __init__(self, fn: Any, rest: Any):
+        self.fn, self.rest = fn, rest
+
+    def __call__(self, *args):
+        return self.fn(*args, self.rest)
+
+    def lower(self, *args):
+        return self.fn.lower(*args, self.rest)
+
+    def __getattr__(self, name: str) -> Any:  # _cache_size, ... of the jitted function
+        return getattr(self.fn, name)
+
+
 def make_train_step(
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
@@ -141,11 +161,10 @@ def make_train_step(
     microbatches: int = 1,
     rest: Any = None,
 ) -> StepFn:
-    """``step(state, batch, inputs) -> (state, metrics)``, jitted with the state donated."""
-    return jax.jit(
-        train_step_fn(graphdef, tx, loss_fn, microbatches=microbatches, rest=rest),
-        donate_argnums=(0,),
-    )
+    """``step(state, batch, inputs) -> (state, metrics)``, jitted with the state donated
+    (``rest`` passed to every call as an argument, see :class:`WithRest`)."""
+    step = train_step_fn(graphdef, tx, loss_fn, microbatches=microbatches)
+    return WithRest(jax.jit(step, donate_argnums=(0,)), rest)
 
 
 def train_step_fn(
@@ -159,18 +178,21 @@ def train_step_fn(
     """The traceable ``step(state, batch, inputs) -> (state, metrics)``: one optimizer update
     (to be jitted, or called inside a larger program such as ``training.update``).
 
-    ``rest`` is the non-parameter model state (e.g. RoPE tables held as non-Param variables),
-    merged back with the parameters for every forward pass.
+    ``rest`` is the non-trained model state (e.g. RoPE tables held as non-Param variables, or
+    under LoRA the frozen base), merged back with the parameters for every forward pass; the
+    step takes it as its last argument (default: this ``rest``), so a jitted step can receive it
+    as an input rather than a constant.
     """
+    default_rest = rest
 
-    def grads_of(params, mb, extra):
+    def grads_of(params, mb, extra, rest):
         def f(p):
             model = nnx.merge(graphdef, p, rest) if rest is not None else nnx.merge(graphdef, p)
             return loss_fn(model, mb, extra)
 
         return jax.value_and_grad(f, has_aux=True)(params)
 
-    def step(state: TrainState, batch: TrainBatch, extra: LossInputs):
+    def step(state: TrainState, batch: TrainBatch, extra: LossInputs, rest: Any = default_rest):
         B = batch.input_ids.shape[0]
         if B % microbatches:
             raise ValueError(f"batch size {B} is not divisible by microbatches={microbatches}")
@@ -188,7 +210,7 @@ def train_step_fn(
 
         def body(acc, xs):
             mb, ex = xs
-            (loss, metrics), g = grads_of(state.params, mb, ex)
+            (loss, metrics), g = grads_of(state.params, mb, ex, rest)
             acc_g, acc_loss, acc_m = acc
             acc_g = jax.tree.map(jnp.add, acc_g, g)
             acc_m = jax.tree.map(jnp.add, acc_m, metrics)
@@ -200,6 +222,7 @@ def train_step_fn(
                 state.params,
                 jax.tree.map(lambda x: x[0], mbs),
                 jax.tree.map(lambda x: x[0], mb_extra),
+                rest,
             )
         )
         zeros_m = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), m0)

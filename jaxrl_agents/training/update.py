@@ -52,7 +52,7 @@ from jaxrl_agents.algos.losses import rollout_correction
 from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch
 from jaxrl_agents.training.logprobs import SamplingTransform, normalize_transform, token_stats
 from jaxrl_agents.training.objectives import RLLossInputs, rl_loss
-from jaxrl_agents.training.step import TrainState, train_step_fn
+from jaxrl_agents.training.step import TrainState, WithRest, train_step_fn
 
 
 class RLMetrics(NamedTuple):
@@ -156,7 +156,8 @@ def make_rl_update(
     batch_sharding: Any = None,
     sampling: SamplingTransform | None = None,
 ):
-    """Build the jitted ``update(state, batch, episodes, key, ref_params)`` (state donated).
+    """Build the jitted ``update(state, batch, episodes, key, ref_params)`` (state donated;
+    ``rest``, the model's non-trained state, goes in as an argument of every call: ``WithRest``).
 
     ``batch`` / ``episodes`` are the device arrays of one step (``rollout.Collector``): packed
     rows or one trajectory per row, with the episodes' placement in the rows;
@@ -172,7 +173,7 @@ def make_rl_update(
     sampling = normalize_transform(sampling)
     step = train_step_fn(
         graphdef, tx, rl_loss(loss_cfg, chunk=logprob_chunk, sampling=sampling),
-        microbatches=microbatches, rest=rest,
+        microbatches=microbatches,
     )  # fmt: skip
     uses_ref = loss_cfg.kl_coef > 0
     correct = loss_cfg.is_correction != "none"
@@ -181,7 +182,7 @@ def make_rl_update(
 
     critic = loss_cfg.vf_coef > 0
 
-    def stats_of(params, batch: TrainBatch, transform, with_values: bool = False):
+    def stats_of(params, rest, batch: TrainBatch, transform, with_values: bool = False):
         model = nnx.merge(graphdef, params, rest)
         stats = token_stats(
             model, batch.input_ids, batch.positions, batch.segment_ids, batch.target_ids,
@@ -189,18 +190,20 @@ def make_rl_update(
         )  # fmt: skip
         return jax.tree.map(jax.lax.stop_gradient, stats)
 
-    def update(state: TrainState, batch: TrainBatch, episodes: EpisodeArrays, key, ref_params):
+    def update(
+        state: TrainState, batch: TrainBatch, episodes: EpisodeArrays, key, ref_params, rest
+    ):
         nan = jnp.full((), jnp.nan, jnp.float32)
         rewards, kl_rew, ref_lp = episodes.rewards, nan, None
         behaviour = batch.old_logprobs
         lay = _Layout(batch, episodes)
         ep_mask = lay.to_episodes(batch.loss_mask)  # episode space: one trajectory per row
-        old = stats_of(state.params, batch, sampling, critic) if need_old or critic else None
+        old = stats_of(state.params, rest, batch, sampling, critic) if need_old or critic else None
         old_values = None
         if critic:  # the critic's values at the starting weights: GAE inputs, clipped-loss anchor
             old_values = old.values * batch.loss_mask
         if uses_ref:
-            ref_lp = stats_of(ref_params, batch, None).logprobs
+            ref_lp = stats_of(ref_params, rest, batch, None).logprobs
             if loss_cfg.kl_as_reward:
                 rewards, kl_traj = kl_reward(
                     rewards,
@@ -275,7 +278,7 @@ def make_rl_update(
             )  # fmt: skip
             inputs = RLLossInputs(denom=denom, ref_logprobs=ref_mb, is_weights=w_mb,
                                   old_values=v_mb)  # fmt: skip
-            st, m = step(st, mb, inputs)
+            st, m = step(st, mb, inputs, rest)
             return st, m
 
         state, ms = jax.lax.scan(one_update, state, picks)
@@ -297,4 +300,4 @@ def make_rl_update(
         )
         return state, metrics
 
-    return jax.jit(update, donate_argnums=(0,))
+    return WithRest(jax.jit(update, donate_argnums=(0,)), rest)
