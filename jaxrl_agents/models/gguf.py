@@ -189,12 +189,6 @@ def local_folder(value: str | os.PathLike) -> Path:
     return Path(value)
 
 
-def resolve_model_path(value: str | os.PathLike) -> Path:
-    """The Hugging Face folder a ``model.path`` value reads: :func:`local_folder` (a GGUF model's
-    cached converted folder, converting it when there is none yet; any other value as given)."""
-    return local_folder(value)
-
-
 def cache_root() -> Path:
     """``$JAXRL_CACHE/gguf``, default ``~/.cache/jaxrl_agents/gguf``."""
     return Path(os.environ.get("JAXRL_CACHE") or "~/.cache/jaxrl_agents").expanduser() / "gguf"

@@ -437,8 +437,8 @@ def test_cache_is_reused(tmp_path, monkeypatch):
     first = G.gguf_to_folder(path)
     assert first.parent == tmp_path / "jc" / "gguf" and first.name.startswith("tiny-")
     stamp = (first / G.COMPLETE_FILE).stat().st_mtime_ns
-    assert G.gguf_to_folder(str(path)) == first and G.resolve_model_path(path) == first
-    assert G.resolve_model_path(tmp_path / "hf_folder") == tmp_path / "hf_folder"
+    assert G.gguf_to_folder(str(path)) == first and G.local_folder(path) == first
+    assert G.local_folder(tmp_path / "hf_folder") == tmp_path / "hf_folder"
     assert len(calls) == 1 and (first / G.COMPLETE_FILE).stat().st_mtime_ns == stamp
     assert not [p for p in first.parent.iterdir() if p.name.startswith(".")]  # no temp folders
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
