@@ -77,6 +77,7 @@ class Ann:
     EVIDENCE_IN_ANSWER = "evidence_in_answer"  # bool: retrieved evidence actually used in answer
     EXPECTED = "expected"  # the ground-truth answer, for reports
     ANSWER = "answer"  # the parsed final answer
+    SLICES = "slices"  # list[str]: the report slices the episode belongs to ("two-step", ...)
 
 
 @dataclasses.dataclass

@@ -11,6 +11,13 @@ assistant message without tool calls; its last number is the answer ("439" or "T
 * Steps: each operation of the reference solution is a required step (``"37*12=444"``); it counts
   as done when any successful calculator call produced that value, also as an intermediate
   (``37*12-5`` does both steps in one call). The final answer before the last step is "premature".
+* Options (``env.options``): ``one_op_per_call`` makes a call with more than one operation a
+  tool error that asks for one operation at a time, so a two-step problem needs two calls, the
+  second built on the first's result (chaining). ``fault_rate`` makes a call fail transiently
+  with that probability (at most ``max_faults`` times an episode), with a message that invites
+  a retry; the draws are a function of (task, episode seed, call index), so an episode replays.
+  ``Verdict.info[Ann.SLICES]`` names the episode's slices for the reports: ``one-step`` or
+  ``two-step``, and ``fault-hit`` when a fault was injected.
 * Safety: the expression is evaluated by walking its AST (numbers, + - * / // % ** and unary
   signs only); powers and magnitudes are bounded so no call can hold the GIL for long. A
   non-finite number (``1e999``, ``1e999-1e999``) or an overflow is a tool error, never a value.
@@ -58,6 +65,7 @@ _TWO_STEP = (
         ("{a}+{b}", "{r}*{c}"),
     ),
 )
+FAULT_MESSAGE = "the calculator is temporarily unavailable (transient fault); call it again"
 _MAX_ABS = 1e15
 _MAX_LEN = 200
 
@@ -145,10 +153,26 @@ class CalculatorEnv(Env):
 
     name = "calculator"
 
-    def __init__(self, *, config: EnvConfig | None = None, **env_kwargs: Any):
+    def __init__(
+        self,
+        *,
+        one_op_per_call: bool = False,
+        fault_rate: float = 0.0,
+        max_faults: int = 1,
+        config: EnvConfig | None = None,
+        **env_kwargs: Any,
+    ):
         super().__init__(config=config, **env_kwargs)
+        if not 0.0 <= fault_rate < 1.0:
+            raise ValueError(f"fault_rate must be in [0, 1), got {fault_rate}")
+        if max_faults < 0:
+            raise ValueError(f"max_faults must be >= 0, got {max_faults}")
+        self.one_op_per_call = bool(one_op_per_call)
+        self.fault_rate, self.max_faults = float(fault_rate), int(max_faults)
         self._values: list[int | float] = []  # every value any successful call produced
         self._results: list[int | float] = []  # final values of successful calls
+        self._faults = 0  # transient faults injected this episode
+        self._fault_rng = random.Random(0)
 
     @classmethod
     def make_tasks(
@@ -211,6 +235,8 @@ class CalculatorEnv(Env):
 
     def setup(self, task: Task, seed: int) -> None:
         self._values, self._results = [], []
+        self._faults = 0
+        self._fault_rng = random.Random(f"calculator-faults/{task.id}/{seed}")
 
     @tool
     def calculator(self, expression: str) -> str:
@@ -219,7 +245,19 @@ class CalculatorEnv(Env):
         Args:
             expression: e.g. 37*12-5
         """
+        if (
+            self.fault_rate > 0
+            and self._faults < self.max_faults
+            and self._fault_rng.random() < self.fault_rate
+        ):
+            self._faults += 1
+            raise ToolError(FAULT_MESSAGE)
         value, values = evaluate(expression)
+        if self.one_op_per_call and len(values) > 1:
+            raise ToolError(
+                f"{expression!r} has {len(values)} operations; this calculator does one "
+                "operation per call: call it with the first one, then use its result"
+            )
         self._values.extend(values or [value])
         self._results.append(value)
         return format_number(value)
@@ -236,10 +274,15 @@ class CalculatorEnv(Env):
         expected = self.task.data["answer"]
         got = last_number(answer)
         correct = got is not None and _close(got, expected)
+        slices = ["two-step" if len(self.task.data["steps"]) > 1 else "one-step"]
+        if self._faults:
+            slices.append("fault-hit")
         return Verdict(
             success=correct,
             score=float(correct),
             info={
+                Ann.SLICES: slices,
+                "faults": self._faults,
                 Ann.EXPECTED: expected,
                 Ann.ANSWER: got,
                 Ann.EVIDENCE_IN_ANSWER: got is not None
@@ -299,7 +342,7 @@ def oracle_policy(
     and/or ``premature_words`` (e.g. ``["coins"]``: the question mentions one) only the matching
     problems are answered early — golden data whose author did those in their head, a habit a
     policy can learn (the demo's premature-completion failure). ``combined`` does all steps in
-    one call (``37*12-5``).
+    one call (``37*12-5``). A call answered with an error (a transient fault) is made again.
     """
     first_expr = task.data["steps"][0]["expression"]
     first_number = int(re.match(r"\d+", first_expr).group())
@@ -317,7 +360,12 @@ def oracle_policy(
     def policy(messages: list[Message]) -> Message:
         if guess is not None:
             return {"role": "assistant", "content": str(guess)}
-        results = [m["content"] for m in messages if m["role"] == "tool"]
+        # Successful results only: after an error (a transient fault) the same call is retried.
+        results = [
+            m["content"]
+            for m in messages
+            if m["role"] == "tool" and not str(m["content"]).startswith("Error")
+        ]
         k = len(results)
         if k < len(plan):
             expr = plan[k]
@@ -328,10 +376,11 @@ def oracle_policy(
                     prev_s = format_number(int(prev) if prev.is_integer() else prev)
                     expr = expr.replace(str(steps[k - 1]["value"]), prev_s, 1)
             call = {"name": "calculator", "arguments": {"expression": expr}}
+            n = sum(m["role"] == "tool" for m in messages)
             return {
                 "role": "assistant",
                 "content": "",
-                "tool_calls": [{"id": f"call_{k}", "type": "function", "function": call}],
+                "tool_calls": [{"id": f"call_{n}", "type": "function", "function": call}],
             }
         return {"role": "assistant", "content": format_number(task.data["answer"])}
 

@@ -202,3 +202,65 @@ def test_non_finite_result_reaches_model_as_error_and_is_not_recorded():
     assert step.tool_results[0].error_kind is ToolErrorKind.TOOL_ERROR
     assert env._values == [] and env._results == []
     assert step.annotations[Ann.PROGRESS] == 0.0
+
+
+# -- chaining and transient faults (env.options) --------------------------------------------------
+
+
+def _drive(env, task, policy, seed=0):
+    return asyncio.run(drive(env, task, policy, seed=seed))
+
+
+def test_one_op_per_call_refuses_combined_calls_and_the_oracle_chains():
+    tasks = CalculatorEnv.make_tasks("train", 30, seed=2, two_step_frac=1.0)
+    for task in tasks:
+        verdict, messages, _ = _drive(
+            CalculatorEnv(one_op_per_call=True), task, oracle_policy(task, combined=True)
+        )
+        first = next(m for m in messages if m["role"] == "tool")
+        assert first["content"].startswith("Error") and "one operation per call" in first["content"]
+        assert not verdict.success  # the combined call gave nothing; the answer has no evidence
+        verdict, messages, anns = _drive(
+            CalculatorEnv(one_op_per_call=True), task, oracle_policy(task)
+        )
+        assert verdict.success and len(anns) == 3  # two calls, then the answer
+        assert verdict.info[Ann.SLICES] == ["two-step"] and verdict.info["faults"] == 0
+    one = CalculatorEnv.make_tasks("train", 5, seed=2)[0]
+    verdict, _, _ = _drive(CalculatorEnv(one_op_per_call=True), one, oracle_policy(one))
+    assert verdict.success and verdict.info[Ann.SLICES] == ["one-step"]
+
+
+def test_faults_are_transient_capped_replayable_and_sliced():
+    tasks = CalculatorEnv.make_tasks("train", 200, seed=3, two_step_frac=0.5)
+    hit = []
+    for task in tasks:
+        env = CalculatorEnv(fault_rate=0.4, max_faults=1)
+        verdict, messages, anns = _drive(env, task, oracle_policy(task), seed=7)
+        errors = [m for m in messages if m["role"] == "tool" and m["content"].startswith("Error")]
+        assert verdict.success, messages  # the oracle retries after a fault
+        assert len(errors) == verdict.info["faults"] <= 1
+        assert ("fault-hit" in verdict.info[Ann.SLICES]) == bool(errors)
+        if errors:
+            assert "temporarily unavailable" in errors[0]["content"]
+            assert len(anns) == len(task.data["steps"]) + 2  # one retry
+        hit.append(bool(errors))
+        again = _drive(CalculatorEnv(fault_rate=0.4), task, oracle_policy(task), seed=7)[1]
+        assert again == messages  # same task and seed: the same faults
+    # P(fault-hit) = 1 - 0.6^calls, one or two calls: between 0.4 and 0.64
+    assert 0.3 < np.mean(hit) < 0.7, np.mean(hit)
+    seeds = [
+        _drive(CalculatorEnv(fault_rate=0.4), tasks[0], oracle_policy(tasks[0]), seed=s)[0]
+        for s in range(40)
+    ]
+    assert 0 < sum("fault-hit" in v.info[Ann.SLICES] for v in seeds) < 40  # the seed draws
+
+
+def test_fault_count_is_capped_and_bad_options_name_the_value():
+    task = CalculatorEnv.make_tasks("train", 1, seed=0)[0]
+    env = CalculatorEnv(fault_rate=0.99, max_faults=3)
+    verdict, messages, _ = _drive(env, task, oracle_policy(task))
+    assert verdict.success and verdict.info["faults"] == 3
+    with pytest.raises(ValueError, match="fault_rate must be in \\[0, 1\\), got 1.5"):
+        CalculatorEnv(fault_rate=1.5)
+    with pytest.raises(ValueError, match="max_faults must be >= 0, got -1"):
+        CalculatorEnv(max_faults=-1)
