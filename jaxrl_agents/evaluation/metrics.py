@@ -9,7 +9,8 @@ trainer also uses) with what a held-out report needs when each task is sampled `
   ``pass@1`` is the success rate.
 * per-term reward statistics (mean, std, min, max) as written by the reward composer;
 * effort distributions (turns, tool calls, generated / total tokens: mean, median, p90, max);
-* termination reasons and tool-error kinds as counts.
+* termination reasons and tool-error kinds as counts;
+* success per report slice the env names (``Ann.SLICES``), with 95% Wilson intervals.
 
 Every number is a plain Python float/int/list, so the dict is the report's JSON as it is.
 """
@@ -22,8 +23,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrl_agents.evaluation.summary import summarize
-from jaxrl_agents.types import Trajectory
+from jaxrl_agents.evaluation.summary import summarize, wilson_interval
+from jaxrl_agents.types import Ann, Trajectory
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -112,6 +113,27 @@ def task_outcomes(trajs: Sequence[Trajectory]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def slice_metrics(trajs: Sequence[Trajectory]) -> dict[str, dict[str, Any]]:
+    """Success per report slice (``Ann.SLICES`` of the verdict, e.g. calculator's ``two-step``,
+    ``fault-hit``): episodes, successes, rate and its 95% Wilson interval. An episode counts in
+    every slice it names; one without a verdict in none."""
+    counts: dict[str, list[int]] = {}
+    for t in trajs:
+        for name in t.info.get(Ann.SLICES) or ():
+            c = counts.setdefault(str(name), [0, 0])
+            c[0] += 1
+            c[1] += bool(t.success)
+    return {
+        name: {
+            "episodes": n,
+            "successes": wins,
+            "success": wins / n,
+            "ci95": list(wilson_interval(wins, n)),
+        }
+        for name, (n, wins) in sorted(counts.items())
+    }
+
+
 def evaluation_metrics(trajs: Sequence[Trajectory], *, ks: Sequence[int] = (1,)) -> dict[str, Any]:
     """Everything a report shows about one policy's trajectories (JSON-serialisable)."""
     if not trajs:
@@ -131,4 +153,5 @@ def evaluation_metrics(trajs: Sequence[Trajectory], *, ks: Sequence[int] = (1,))
         "total_tokens": _dist([len(t.token_ids) for t in trajs]),
         "reward_term_stats": reward_term_stats(trajs),
         "tool_errors": dict(sorted(errors.items())),
+        "slices": slice_metrics(trajs),
     }

@@ -228,6 +228,7 @@ def build_report(
         _table(["setting", "value"], [(k, _short(v)) for k, v in meta.items()], left=2),
         "<h2>Summary</h2>",
         _summary_table(names, metrics, ks),
+        _slices_table(names, metrics),
         _img(
             plots.success_bars(
                 names,
@@ -348,6 +349,22 @@ def _summary_table(names: list[str], metrics: dict[str, dict], ks: Sequence[int]
             ]
         )
     return _table(header, rows)
+
+
+def _slices_table(names: list[str], metrics: dict[str, dict]) -> str:
+    """Success per env-named slice (``Ann.SLICES``) with 95% intervals; empty without slices."""
+    keys = sorted({k for n in names for k in metrics[n]["slices"]})
+    if not keys:
+        return ""
+
+    def cell(s: dict[str, Any]) -> str:
+        return f"{s['success']:.3f} ({s['ci95'][0]:.2f}-{s['ci95'][1]:.2f}, n={s['episodes']})"
+
+    rows = [
+        [k, *[cell(metrics[n]["slices"][k]) if k in metrics[n]["slices"] else "–" for n in names]]
+        for k in keys
+    ]
+    return "<h3>Success by slice (95% CI, episodes)</h3>" + _table(["slice", *names], rows)
 
 
 def _modes_table(names: list[str], metrics: dict[str, dict]) -> str:

@@ -88,8 +88,9 @@ def test_report_is_well_formed_and_self_contained(report):
         assert (
             base64.b64decode(src.removeprefix("data:image/png;base64,"))[:8] == b"\x89PNG\r\n\x1a\n"
         )
-    # meta, summary, modes, primary causes, end reasons, rewards, 2 comparisons x 2, snapshots
-    assert p.tables == 11
+    # meta, summary, slices, modes, primary causes, end reasons, rewards, 2 comparisons x 2,
+    # snapshots
+    assert p.tables == 12
     assert {"tool-call", "role-tool", "role-assistant", "side", "best"} <= p.classes
     assert p.details >= len(results)  # one collapsible section per policy at least
 
@@ -110,6 +111,15 @@ def test_report_numbers_match_json_and_summary(report, tasks):
     # Every task is in per_task with its primary cause.
     assert {r[0]["primary_failure"] for r in data["per_task"]["loop"].values()} == {"loop"}
     assert "★" in html_text and "McNemar" in html_text
+    # success by the env's slices (calculator: one-step / two-step), with Wilson intervals
+    two = sum(len(t.data["steps"]) > 1 for t in tasks)
+    assert 0 < two < len(tasks)
+    oracle, early = data["policies"]["oracle"]["slices"], data["policies"]["early"]["slices"]
+    assert oracle["two-step"]["episodes"] == two == early["two-step"]["episodes"]
+    assert oracle["one-step"]["episodes"] == len(tasks) - two
+    assert oracle["two-step"]["success"] == 1.0 and early["two-step"]["success"] == 0.0
+    lo, hi = early["one-step"]["ci95"]
+    assert lo == 0.0 < hi < 1.0 and "Success by slice" in html_text
 
 
 def test_report_escapes_model_text(tasks, rollout):
