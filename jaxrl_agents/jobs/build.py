@@ -28,12 +28,23 @@ class EnvBinding:
     cls: type
     kwargs: dict[str, Any]
     task_kwargs: dict[str, Any]
+    golden_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Constructor arguments of the SFT golden episodes' env (``env.sft_options`` over these)."""
+    golden_task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """``make_tasks`` arguments of the SFT golden data (``env.sft_tasks`` over these)."""
 
     def factory(self) -> Any:
         return self.cls(**self.kwargs)
 
+    def golden_factory(self) -> Any:
+        return self.cls(**{**self.kwargs, **self.golden_kwargs})
+
     def tasks(self, split: str, n: int, *, seed: int) -> list:
         return self.cls.make_tasks(split, n, seed=seed, **self.task_kwargs)
+
+    def golden_tasks(self, split: str, n: int, *, seed: int) -> list:
+        kw = {**self.task_kwargs, **self.golden_task_kwargs}
+        return self.cls.make_tasks(split, n, seed=seed, **kw)
 
     @property
     def label(self) -> str:
@@ -74,21 +85,23 @@ def resolve_env(spec: EnvSpec, *, extra_task_kwargs: dict[str, Any] | None = Non
     except ValueError as e:
         raise ConfigError(f"env.name: {e}") from e
     kwargs = spec.env_kwargs()
-    try:
-        cls(**kwargs)  # constructor arguments checked now, not in the first episode
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"env.options: {e}") from e
+    for key, options in (("env.options", {}), ("env.sft_options", spec.sft_options)):
+        try:  # constructor arguments checked now, not in the first episode
+            cls(**{**kwargs, **options})
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{key}: {e}") from e
     task_kwargs = {**spec.tasks, **(extra_task_kwargs or {})}
     params = inspect.signature(cls.make_tasks).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    bad = [k for k in task_kwargs if k not in params and not takes_any]
-    if bad:
-        valid = [p for p in params if p not in ("cls", "split", "n", "seed")]
-        raise ConfigError(
-            f"env.tasks.{bad[0]}: {cls.__name__}.make_tasks has no such argument; "
-            f"valid: {', '.join(valid) or '(none)'}"
-        )
-    return EnvBinding(cls, kwargs, task_kwargs)
+    for key, given in (("env.tasks", task_kwargs), ("env.sft_tasks", spec.sft_tasks)):
+        bad = [k for k in given if k not in params and not takes_any]
+        if bad:
+            valid = [p for p in params if p not in ("cls", "split", "n", "seed")]
+            raise ConfigError(
+                f"{key}.{bad[0]}: {cls.__name__}.make_tasks has no such argument; "
+                f"valid: {', '.join(valid) or '(none)'}"
+            )
+    return EnvBinding(cls, kwargs, task_kwargs, dict(spec.sft_options), dict(spec.sft_tasks))
 
 
 # -- model pieces ---------------------------------------------------------------------------------
@@ -354,8 +367,11 @@ class TrainSystem:
         return build_engine(self.sampler_view(params), self.cfg.sampler, mesh=self.sampler_mesh)
 
     def golden_collector(self):
-        """The collector of SFT golden data: the same rollout path, no reward."""
-        return dataclasses.replace(self.collector, reward=None)
+        """The collector of SFT golden data: the same rollout path, no reward, the env with
+        ``env.sft_options``."""
+        return dataclasses.replace(
+            self.collector, reward=None, env_factory=self.env.golden_factory
+        )
 
 
 def seq_buckets(cfg: RunConfig) -> list[int]:

@@ -139,6 +139,13 @@ class EnvSpec(EnvConfig):
     golden data (e.g. the calculator's ``premature_prob`` / ``premature_words``: an annotator
     that sometimes answers too early)."""
 
+    sft_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """``options`` of the env the SFT golden episodes run in, over ``options`` (e.g. the
+    calculator's ``fault_rate: 0``: golden traces without tool faults)."""
+    sft_tasks: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """``make_tasks`` arguments of the SFT golden data, over ``tasks`` (e.g. ``two_step_frac:
+    0``: SFT is shown one-step problems only, RL trains on the full mix)."""
+
     def env_kwargs(self) -> dict[str, Any]:
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(EnvConfig)}
         return {**shared, **self.options}

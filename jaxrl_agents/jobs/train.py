@@ -325,7 +325,7 @@ async def _oracle_rows(run: _Run) -> list[tuple[list[int], list[int]]]:
     rng = np.random.default_rng(run.keys.seed("sft_oracle"))
     oracle = system.env.oracle(run.cfg.env.oracle, rng=rng)
     engine = ScriptedEngine(system.chat, policy_factory=oracle)
-    tasks = system.env.tasks("train", tr.sft_examples, seed=run.keys.seed("sft_tasks"))
+    tasks = system.env.golden_tasks("train", tr.sft_examples, seed=run.keys.seed("sft_tasks"))
     golden = system.golden_collector().orchestrator(engine, greedy=True, group_size=1)
     trajs = await golden.run(tasks, group_size=1, seed=0)
     run.check_errors(trajs, "SFT golden data")
