@@ -207,6 +207,15 @@ class TrainerSpec:
     sft_copy_batch: int = 32
     """Copy rows (of 64 tokens) per copy step."""
     rl_steps: int = 30
+    rl_stage: str = "rl"
+    """What the stage after SFT runs: ``rl`` (the RL updates) or ``rft``, rejection-sampling
+    fine-tuning, a non-RL baseline at RL's episode budget and update count (``jobs.baselines``:
+    the starting policy samples ``rl_steps x tasks_per_step x rollout.group_size`` episodes, the
+    verified ones are kept, ``rl_steps`` SFT steps at ``sft_lr`` train on them)."""
+    sft_filter: str = "answered"
+    """Which oracle episodes SFT keeps: ``answered`` (every episode that ended with an answer)
+    or ``verified`` (only those the env judged successful: an annotator's data filtered by the
+    env's own verdict, a non-RL baseline against a habit the annotator has)."""
     rl_start_min_success: float = 0.0
     """RL starts only from a policy whose greedy success on the validation tasks after SFT (or
     from ``sft_from``) is at least this. Below it the job saves the SFT snapshot, records the
@@ -304,6 +313,10 @@ class TrainerSpec:
                 f"sft_copy_steps={self.sft_copy_steps} must be < sft_steps={self.sft_steps}: the "
                 "copy steps are the first of the SFT steps, and golden data needs some"
             )
+        if self.rl_stage not in ("rl", "rft"):
+            raise ValueError(f"rl_stage={self.rl_stage!r}; valid: rl, rft")
+        if self.sft_filter not in ("answered", "verified"):
+            raise ValueError(f"sft_filter={self.sft_filter!r}; valid: answered, verified")
         if self.sft_lr <= 0:
             raise ValueError(f"sft_lr={self.sft_lr} must be > 0")
         if self.dynamic_sampling_on not in ("reward", "outcome"):

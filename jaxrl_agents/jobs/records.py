@@ -16,11 +16,12 @@ import numpy as np
 
 PURPOSES = (
     "model_init", "sft_tasks", "sft_oracle", "sft_order", "sft_copy", "rl_tasks", "rollout",
-    "update", "refill", "rollout_refill",
+    "update", "refill", "rollout_refill", "rft_order",
 )  # fmt: skip
 """The run's independent random streams, one per purpose."""
-RL_PURPOSES = ("rl_tasks", "rollout", "update", "refill", "rollout_refill")
-"""The streams only RL draws from (``trainer.rl_seed`` reseeds them alone)."""
+RL_PURPOSES = ("rl_tasks", "rollout", "update", "refill", "rollout_refill", "rft_order")
+"""The streams only RL (or the RFT stage in its place) draws from (``trainer.rl_seed`` reseeds
+them alone)."""
 
 
 class Keys:

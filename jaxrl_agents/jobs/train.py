@@ -40,6 +40,7 @@ import numpy as np
 from jaxrl_agents import distributed as D
 from jaxrl_agents.evaluation.summary import summarize
 from jaxrl_agents.jobs import report
+from jaxrl_agents.jobs.baselines import rft
 from jaxrl_agents.jobs.build import (
     TrainSystem,
     build_train,
@@ -212,7 +213,10 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
         if step == 0:  # RL starts here (after SFT, or resumed where it would): the gate
             _gate_rl(run, run.record.stages.get("sft_validation"))
         engine.update_weights(system.sampler_view(state.params))
-        state = await _rl(run, engine, state, step)
+        if tr.rl_stage == "rft":  # the non-RL baseline (jobs.baselines)
+            state = await rft(run, engine, state) if step < tr.rl_steps else state
+        else:
+            state = await _rl(run, engine, state, step)
         run.ckpt.wait()
         final_model = system.sampler_view(state.params)  # also what process 0 exports
         engine.update_weights(final_model)
@@ -329,15 +333,21 @@ async def _oracle_rows(run: _Run) -> list[tuple[list[int], list[int]]]:
     golden = system.golden_collector().orchestrator(engine, greedy=True, group_size=1)
     trajs = await golden.run(tasks, group_size=1, seed=0)
     run.check_errors(trajs, "SFT golden data")
-    data = [(t.token_ids, t.loss_mask) for t in trajs if t.end_reason == EndReason.ANSWERED]
-    if len(data) < len(trajs):
+    answered = [t for t in trajs if t.end_reason == EndReason.ANSWERED]
+    if len(answered) < len(trajs):
         ends = sorted({t.end_reason.value for t in trajs if t.end_reason != EndReason.ANSWERED})
         print(
-            f"WARNING: SFT golden data: {len(trajs) - len(data)}/{len(trajs)} oracle episodes "
+            f"WARNING: SFT golden data: {len(trajs) - len(answered)}/{len(trajs)} oracle episodes "
             f"ended without an answer ({', '.join(ends)}) and are left out",
             file=sys.stderr, flush=True,
         )  # fmt: skip
-    return data
+    if tr.sft_filter == "verified":  # the annotator's data filtered by the env's verdict
+        kept = [t for t in answered if t.success]
+        run.record.set("sft_filter", {"answered": len(answered), "verified": len(kept)})
+        print(f"SFT golden data: {len(kept)} of {len(answered)} answered episodes verified "
+              "(trainer.sft_filter=verified)", flush=True)  # fmt: skip
+        answered = kept
+    return [(t.token_ids, t.loss_mask) for t in answered]
 
 
 def _note_sft_data(run: _Run, oracle_rows: int, sft_file: SftFile | None) -> None:

@@ -1,0 +1,76 @@
+"""A non-RL baseline the train job runs in place of the RL stage (``trainer.rl_stage=rft``).
+
+Rejection-sampling fine-tuning (RFT): the policy RL would start from (the SFT result) samples
+the RL stage's episode budget, ``rl_steps x tasks_per_step x rollout.group_size`` episodes on the
+same task stream and sampling seeds as RL's steps, with the rollout's temperature; the env's
+verdict keeps the successful ones; then ``rl_steps`` SFT steps of ``tasks_per_step x group_size``
+rows each (the rows of an RL update) train on the kept episodes, drawn uniformly, at
+``trainer.sft_lr`` with the optimizer's warm-up and a cosine decay over the stage. The sampler
+holds one policy throughout: one round from the starting policy, not expert iteration. Same
+budget, same updates, no reward beyond the verdict and no advantage: what RL adds over it is
+what the comparison measures.
+
+The stage is not resumed midway: a run folder stopped inside it starts the stage again from its
+starting checkpoint (the RL stage's step 0); its end is checkpointed as RL's last step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_agents import distributed as D
+from jaxrl_agents.jobs.config import JobAborted
+from jaxrl_agents.jobs.records import every
+from jaxrl_agents.jobs.steps import StepSource
+from jaxrl_agents.training.objectives import sft_loss
+from jaxrl_agents.training.step import LossInputs, TrainState, make_train_step
+
+
+async def rft(run: Any, engine: Any, state: TrainState) -> TrainState:
+    """The RFT stage of ``run`` (``jobs.train._Run``) from ``state`` (the starting policy, which
+    ``engine`` holds); returns the fine-tuned state, checkpointed as RL's last step."""
+    cfg, tr, system = run.cfg, run.tr, run.sys
+    group, collector = cfg.rollout.group_size, system.collector
+    source = StepSource(collector, system.env, run.keys, run.train_tasks, tr.tasks_per_step, group)
+    kept: list[tuple[list[int], list[int]]] = []
+    episodes = 0
+    for s in run.bar(0, tr.rl_steps, "RFT sampling"):
+        roll, _ = await source.step(engine, s, version=tr.sft_steps)
+        trajs = collector.everyone(roll)  # every process holds every kept row (as in SFT)
+        run.check_errors(trajs, f"RFT sampling round {s + 1}")
+        episodes += len(trajs)
+        kept += [(t.token_ids, t.loss_mask) for t in trajs if t.success]
+    note = {"episodes": episodes, "kept": len(kept), "kept_frac": len(kept) / max(episodes, 1)}
+    run.record.set("rft", note)
+    run.record.save()
+    print(f"RFT: kept {len(kept)} of {episodes} sampled episodes (verified successes)", flush=True)
+    if not kept:
+        raise JobAborted(
+            f"RFT: none of the {episodes} episodes sampled from the starting policy succeeded; "
+            "nothing to fine-tune on"
+        )
+    opt = dataclasses.replace(cfg.optimizer, lr=tr.sft_lr, hold_steps=0, decay_steps=tr.rl_steps)
+    state = run.fresh_state(state.params, opt.build())
+    step_fn = make_train_step(
+        system.graphdef, opt.build(), sft_loss(chunk=tr.logprob_chunk),
+        microbatches=tr.microbatches, rest=system.rest,
+    )  # fmt: skip
+    rows_per_step = tr.tasks_per_step * group
+    share = D.even_share(rows_per_step, "trainer.tasks_per_step x rollout.group_size")
+    rng = np.random.default_rng(run.keys.seed("rft_order"))
+    for s in run.bar(0, tr.rl_steps, "RFT"):
+        rows = [kept[i] for i in rng.integers(0, len(kept), rows_per_step)]
+        batch = collector.sft_batch(rows, share, pack=tr.pack_rows, row_multiple=tr.microbatches)
+        state, m = step_fn(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
+        if every(10, s + 1) or s + 1 == tr.rl_steps:
+            run.logger.log(s + 1, D.host_value(m), stage="rft")
+    if len(kept) < rows_per_step:
+        print(f"WARNING: RFT: {len(kept)} kept episodes for batches of {rows_per_step} rows: "
+              "each step repeats them", file=sys.stderr, flush=True)  # fmt: skip
+    run.checkpoint(tr.sft_steps + tr.rl_steps, state, "rl", tr.rl_steps, force=True)
+    return state
