@@ -369,9 +369,7 @@ class TrainSystem:
     def golden_collector(self):
         """The collector of SFT golden data: the same rollout path, no reward, the env with
         ``env.sft_options``."""
-        return dataclasses.replace(
-            self.collector, reward=None, env_factory=self.env.golden_factory
-        )
+        return dataclasses.replace(self.collector, reward=None, env_factory=self.env.golden_factory)
 
 
 def seq_buckets(cfg: RunConfig) -> list[int]:
