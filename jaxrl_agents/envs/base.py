@@ -11,10 +11,20 @@ the turn protocol the rollout orchestrator relies on:
 
 Per-turn annotations (``Ann.*``) are computed here from the hooks so every env reports them alike:
 ``EVIDENCE_COMPLETE`` is measured *before* the turn's calls run, so a final answer given before the
-evidence was gathered shows ``False``; ``STATE_KEY`` digests the env state before the turn (GiGPO
-anchor states); ``REPEATED_CALLS`` counts the turn's valid calls whose normalised key
+evidence was gathered shows ``False``; ``STATE_KEY`` is the GiGPO anchor state before the turn
+(below); ``REPEATED_CALLS`` counts the turn's valid calls whose normalised key
 (:func:`jaxrl_agents.facts.call_key`) was already seen in the episode: the same count the ``loop``
 reward term and the evaluation taxonomy use.
+
+``STATE_KEY`` hashes the task id with one of two summaries of the state before the turn:
+
+* by default ``observed_state()``, only what the policy has observed so far: the opening (system
+  and user) messages and the distinct (``call_key``, tool result content) pairs of the episode's
+  calls, failed ones included. No env-internal or ground-truth state enters, so GiGPO groups turns
+  whose observations match, as in Feng et al. 2025 (anchors on identical env observations);
+* with ``EnvConfig.privileged_anchors``: ``state_digest()``, env-internal state the policy did not
+  necessarily observe. The base default is the required steps done so far (``completed_steps``,
+  judged against the task's ground truth); env overrides say what they read. For ablations only.
 
 Hooks for subclasses: ``system_prompt``, ``user_prompt``, ``setup``, ``completed_steps``,
 ``constraint_violations``, ``state_digest``, ``judge``; ``required_steps`` defaults to
@@ -31,7 +41,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from jaxrl_agents.envs.tools import ToolBox
-from jaxrl_agents.facts import CallHistory, decode_arguments
+from jaxrl_agents.facts import CallHistory, call_key, decode_arguments
 from jaxrl_agents.types import Ann, EnvReset, EnvStep, Message, Task, ToolCall, Verdict
 
 REPEATED_CALLS = "repeated_calls"
@@ -49,6 +59,11 @@ class EnvConfig:
     """Wall-clock limit per tool call; past it the model sees a ``timeout`` tool error."""
     tool_output_max_chars: int = 2000
     """Tool output longer than this is cut, with a ``[truncated N chars]`` marker."""
+    privileged_anchors: bool = False
+    """GiGPO anchor states (``Ann.STATE_KEY``) from ``Env.state_digest``: env-internal state the
+    policy did not observe, possibly derived from the ground truth (e.g. which required steps are
+    done). For ablations only; by default anchors are built from the observations alone
+    (``Env.observed_state``)."""
 
     def __post_init__(self) -> None:
         if self.tool_timeout_s <= 0:
@@ -81,6 +96,8 @@ class Env:
         self.stats = {"tool_calls": 0, "tool_errors": 0, "repeated_calls": 0}
         self._calls = CallHistory()
         self._completed: set[str] = set()
+        self._prompt: list[str] = []  # opening messages' contents
+        self._observed: set[tuple[str, str]] = set()  # (call_key, result content) pairs
 
     # -- task generation (subclasses) --------------------------------------------------------------
     @classmethod
@@ -117,8 +134,24 @@ class Env:
         return sum(s in done for s in req) / len(req) if req else float(self.answer is not None)
 
     def state_digest(self) -> Any:
-        """JSON-able summary of the state that matters for the task (hashed into ``STATE_KEY``)."""
+        """JSON-able summary of env-internal state, hashed into ``STATE_KEY`` only with
+        ``EnvConfig.privileged_anchors``. Privileged: it may read state the policy never observed,
+        possibly derived from the ground truth. The default is the required steps done so far
+        (``completed_steps``, e.g. the calculator's expected intermediate values reached)."""
         return sorted(self.completed_steps())
+
+    def observed_state(self) -> Any:
+        """JSON-able summary of what the policy has observed before the turn, hashed into
+        ``STATE_KEY`` by default: the opening messages' contents and the sorted distinct
+        (``facts.call_key``, result content) pairs of the episode's tool calls so far.
+
+        A set, not the ordered transcript: like GiGPO's anchors (the env observation, not the
+        path to it), episodes that learned the same results in another order, or with repeated
+        calls, share the state, so a loop that re-asks a question returns to its anchor. Order
+        that changes the env (bookings, cancellations) shows in the result contents, which then
+        differ. The assistant messages' text is left out: it is the policy's action, not the env's
+        state (a call enters only with the result it got)."""
+        return [self._prompt, sorted(self._observed)]
 
     def judge(self, answer: str | None) -> Verdict:
         """Score the final answer (``None``: the episode ended without one)."""
@@ -136,12 +169,14 @@ class Env:
             {"role": "system", "content": self.system_prompt(task)},
             {"role": "user", "content": self.user_prompt(task)},
         ]
+        self._prompt, self._observed = [str(m["content"]) for m in messages], set()
         return EnvReset(messages=messages, tools=self.tools.schemas())
 
     def state_key(self) -> str:
-        blob = json.dumps(
-            [self.task.id if self.task else None, self.state_digest()], sort_keys=True, default=str
-        )
+        """GiGPO anchor state before the next turn (``Ann.STATE_KEY``): a hash of the task id and
+        ``observed_state()``, or ``state_digest()`` with ``EnvConfig.privileged_anchors``."""
+        state = self.state_digest() if self.config.privileged_anchors else self.observed_state()
+        blob = json.dumps([self.task.id if self.task else None, state], sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
     async def step(self, message: Message, tool_calls: list[ToolCall]) -> EnvStep:
@@ -168,6 +203,7 @@ class Env:
                 max_chars=self.config.tool_output_max_chars,
             )
             results.append(result)
+            self._observed.add((call_key(call), result.content))
             messages.append(
                 {
                     "role": "tool",

@@ -344,6 +344,9 @@ class ResearchEnv(Env):
         return f"[{doc_id}] {d['title']}\n{d['text']}"
 
     def state_digest(self) -> Any:
+        """Privileged anchors (``EnvConfig.privileged_anchors``): the ids of the documents opened
+        so far. Env-internal but not derived from the ground truth; it drops the searches and
+        their results, which the observed state keeps."""
         return sorted(self._opened)
 
     def judge(self, answer: str | None) -> Verdict:

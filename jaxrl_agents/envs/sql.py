@@ -504,7 +504,7 @@ class SqlEnv(Env):
         self.max_rows = max_rows
         self._db: ReadOnlyConnections | None = None
         self._db_seed: int | None = None
-        self._inspected: set[str] = set()  # tables listed/described: part of STATE_KEY
+        self._inspected: set[str] = set()  # tables listed/described (state_digest)
 
     @classmethod
     def make_tasks(
@@ -648,6 +648,10 @@ class SqlEnv(Env):
         return "\n".join([header, *lines, tail])
 
     def state_digest(self) -> Any:
+        """Privileged anchors (``EnvConfig.privileged_anchors``): the tables listed or described
+        (observed) and ``completed_steps()``, whose ``query_answer`` is ground truth: set when a
+        ``run_sql`` result holds the expected answer, checked on the rows before the output is
+        cut at ``tool_output_max_chars``, so also when the policy never saw it."""
         return [sorted(self._inspected), sorted(self.completed_steps())]
 
     # -- judgement ---------------------------------------------------------------------------------

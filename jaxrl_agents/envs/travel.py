@@ -421,6 +421,9 @@ class TravelEnv(Env):
         return self._classify()[1] if self.task else []
 
     def state_digest(self) -> Any:
+        """Privileged anchors (``EnvConfig.privileged_anchors``): the current bookings (id, dates).
+        Env-internal but not derived from the ground truth; unlike the observed state it forgets
+        searches and bookings later cancelled."""
         return sorted(
             (b["id"], b.get("checkin"), b.get("checkout")) for b in self._bookings.values()
         )

@@ -123,9 +123,9 @@ class ChatSpec:
 @dataclasses.dataclass
 class EnvSpec(EnvConfig):
     """Which environment (Hydra group ``env``): ``name`` plus the settings every env shares
-    (``EnvConfig``: tool timeout, output cap), the env class's own constructor ``options`` and the
-    ``tasks`` generator's keyword arguments (``Env.make_tasks``). Both dicts are checked against
-    the env class at start-up."""
+    (``EnvConfig``: tool timeout, output cap, privileged anchors), the env class's own constructor
+    ``options`` and the ``tasks`` generator's keyword arguments (``Env.make_tasks``), and the SFT
+    golden data's overrides of both. Every dict is checked against the env class at start-up."""
 
     name: str = "calculator"
     """A registered env name (calculator, sql, research, travel) or the import path of any

@@ -150,8 +150,8 @@ def test_tool_error_reaches_model_and_progress_tracks_steps():
     assert s1.messages[0]["content"] == "Error: division by zero"
     assert s1.tool_results[0].error_kind is ToolErrorKind.TOOL_ERROR
     assert (s1.annotations[Ann.PROGRESS], s2.annotations[Ann.PROGRESS]) == (0.0, 0.5)
-    # STATE_KEY digests the state *before* the turn: unchanged by the failed call.
-    assert s1.annotations[Ann.STATE_KEY] == s2.annotations[Ann.STATE_KEY]
+    # STATE_KEY is the observed state *before* the turn: the error the model read is part of it.
+    assert s1.annotations[Ann.STATE_KEY] != s2.annotations[Ann.STATE_KEY]
 
 
 @pytest.mark.parametrize(
