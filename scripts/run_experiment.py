@@ -120,10 +120,15 @@ def train_and_eval(
     summary = json.loads((run_dir / "summary.json").read_text())
     cfg = json.loads((run_dir / "config.json").read_text())
     out = run_dir / "eval"
+    # a pretrained checkpoint (model.path) is also evaluated as it is: the zero-shot row
+    base = cfg["model"].get("path")
     if not (out / "report.json").exists():
         # no env=: jaxrl-eval takes the run's own env (its task generator, options, oracle), so
         # the report's held-out tasks are the ones the run was evaluated on
-        ev = [f"policies=[{run_dir}@sft,{run_dir}@latest]", f"out={out}",
+        policies = ",".join([f"{run_dir}@sft", f"{run_dir}@latest", *([base] if base else [])])
+        template = cfg.get("chat", {}).get("template")
+        ev = [f"policies=[{policies}]", f"out={out}",
+              *([f"chat.template={template}"] if template and base else []),
               f"tasks={cfg['trainer']['heldout_tasks']}", f"seed={cfg['seed']}",
               f"rollout.max_turns={cfg['rollout']['max_turns']}",
               f"rollout.max_new_tokens={cfg['rollout']['max_new_tokens']}",
@@ -144,10 +149,15 @@ def train_and_eval(
     final = summary.get("rl_validation_success")  # the last step's is in the summary only
     if final is not None and env_steps > 0 and (not curve or curve[-1][0] < env_steps):
         curve.append((env_steps, final))
+    report = json.loads((out / "report.json").read_text())["policies"]
+    named = dict(zip(("sft", "rl", "zero_shot"), report.values(), strict=False))
+    slices = {k: m.get("slices", {}) for k, m in named.items() if m.get("slices")}
     return {
         "variant": variant or "base", "seed": seed, "sft_seed": sft_seed,
         "run_dir": str(run_dir),
         "sft": summary["sft_heldout_success"], "rl": summary["rl_heldout_success"],
+        "zero_shot": named["zero_shot"]["success"] if "zero_shot" in named else None,
+        "slices": slices,
         "sft_failures": (summary.get("sft") or {}).get("failure_modes", {}),
         "rl_failures": (summary.get("rl") or {}).get("failure_modes", {}),
         "wall_s": summary.get("wall_s"), "curve": curve,
@@ -222,6 +232,44 @@ def learning_curves(results: list[dict]) -> dict[str, list[tuple[float, float, f
             cut = [(x, m, max(lo, 0.0), min(hi, 1.0)) for x, m, lo, hi in pts]
             out[variant] = pts if math.isnan(pts[0][2]) else cut
     return out
+
+
+def slice_table(rs: list[dict]) -> list[str]:
+    """Held-out success per env-named slice (``Ann.SLICES``: e.g. one-step, two-step, fault-hit)
+    for each seed, zero-shot / SFT / RL with 95% Wilson intervals, and per slice the mean of
+    RL minus SFT over seeds (95% t-interval). Empty when the env names no slices."""
+    with_slices = [r for r in rs if r.get("slices")]
+    if not with_slices:
+        return []
+    names = sorted({k for r in with_slices for m in r["slices"].values() for k in m})
+    zero = any("zero_shot" in r["slices"] for r in with_slices)
+    cols = ["zero-shot"] * zero + ["SFT", "RL"]
+    lines = ["| slice | seed | " + " | ".join(cols) + " | RL - SFT (points) |",
+             "|---|---|" + "---|" * (len(cols) + 1)]  # fmt: skip
+
+    def cell(m: dict | None) -> str:
+        if not m:
+            return "-"
+        lo, hi = m["ci95"]
+        return f"{m['success']:.2f} ({lo:.2f}-{hi:.2f}, n={m['episodes']})"
+
+    for name in names:
+        diffs = []
+        for r in with_slices:
+            got = {k: r["slices"].get(k, {}).get(name) for k in ("zero_shot", "sft", "rl")}
+            keys = ["zero_shot"] * zero + ["sft", "rl"]
+            d = ""
+            if got["sft"] and got["rl"]:
+                diffs.append(100 * (got["rl"]["success"] - got["sft"]["success"]))
+                d = f"{diffs[-1]:+.1f}"
+            lines.append(f"| {name} | {r['seed']} | "
+                         + " | ".join(cell(got[k]) for k in keys) + f" | {d} |")  # fmt: skip
+        if diffs:
+            m, lo, hi = interval(diffs)
+            blank = " | ".join([""] * len(cols))
+            lines.append(f"| {name} | mean | {blank} | {m:+.1f} ({span(lo, hi, '+.1f', ' to ')})"
+                         " |")  # fmt: skip
+    return ["Held-out success by slice (95% Wilson interval, episodes):", "", *lines, ""]
 
 
 def write(name: str, results: list[dict], root: Path) -> str:
@@ -306,6 +354,7 @@ def write(name: str, results: list[dict], root: Path) -> str:
             b = sum(r["rl_failures"].get(k, 0) for r in rs)
             if a or b:
                 lines.append(f"| {k} | {a} | {b} |")
+        lines += slice_table(rs)
         shown = [f"[seed {r['seed']}]({r['report']})" for r in rs if r["report"]]
         lines += ["", "Side-by-side reports: " + (", ".join(shown) or "none"), ""]
     text = "\n".join(lines)

@@ -25,6 +25,13 @@ def test_presets_exist():
     assert {"research", "travel", "sql"} <= set(PRESETS)
 
 
+ENV = {"smollm2_calculator": "calculator"}
+"""Presets named for their model, with the env they run."""
+CLEAN_SFT = {"smollm2_calculator"}
+"""Presets whose SFT data is the oracle's clean traces on a narrower task mix (``env.sft_tasks``,
+``env.sft_options``) instead of an annotator with a habit."""
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_passes_the_start_up_checks(name):
     import asyncio
@@ -36,19 +43,27 @@ def test_preset_passes_the_start_up_checks(name):
     own = to_run_config(compose("config", [f"experiment={name}"]))  # the preset's own values
     assert own.trainer.sft_copy_steps < own.trainer.sft_steps
     cfg = to_run_config(compose("config", [f"experiment={name}", "mesh=single", *QUICK]))
-    assert cfg.name == f"exp_{name}" and cfg.env.name == name
+    assert cfg.name == f"exp_{name}" and cfg.env.name == ENV.get(name, name)
     rates = [v for k, v in cfg.env.oracle.items() if k.endswith("_prob")]
-    assert rates and all(v > 0 for v in rates)  # the annotator defect is on
+    if name in CLEAN_SFT:  # SFT lacks kinds of problems and faults instead of carrying a habit
+        assert rates == [0.0] and cfg.env.sft_tasks and cfg.env.sft_options
+    else:
+        assert rates and all(v > 0 for v in rates)  # the annotator defect is on
     need = asyncio.run(check_oracle_fits(build_train(cfg)))
     assert need["turns"] <= cfg.rollout.max_turns
 
 
 LIMITS = {"travel": ("rollout.max_turns=5", "rollout.max_new_tokens=160"),
-          "sql": ("rollout.max_turns=5", "rollout.max_new_tokens=128")}  # fmt: skip
+          "sql": ("rollout.max_turns=5", "rollout.max_new_tokens=128"),
+          "smollm2_calculator": ("model=tiny", "model.lora.rank=4", "rollout.max_new_tokens=32",
+                                 "rollout.max_total_tokens=640", "sampler.max_seq_len=704",
+                                 "trainer.seq_buckets=[256,384,512,640]")}  # fmt: skip
 """Four SFT steps leave a random policy that runs every episode to the limits: the script path
 below runs under limits nearer what the oracle's episodes need (travel: 4 turns of up to ~150
 tokens; sql: 4 of up to 113), which the job's own start-up check holds it to. The presets' own
-limits are checked above."""
+limits are checked above. The real-model preset's script path runs on the tiny model (with
+adapters, through the same Hermes template): SmolLM2's own steps are minutes on 2 cores, and
+its start-up checks run above."""
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -82,6 +97,9 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
                  for f in trajs for x in f.read_text().splitlines()}  # fmt: skip
         assert kinds and kinds <= set(cfg["env"]["tasks"]["kinds"]), kinds
     text = run_experiment.write(name, [result], root)
+    if cfg["env"]["name"] == "calculator":  # slices the env names: per seed, SFT and RL
+        assert set(result["slices"]) == {"sft", "rl"}  # the tiny model: no zero-shot row
+        assert "Held-out success by slice" in text and "| one-step | 0 |" in text
     assert "| 0 |" in text and "mean change (points)" in text
     assert "one seed: no interval" in text and "nan" not in text
     assert f"Machine: {run_experiment.machine(result['environment'])}." in text
