@@ -50,8 +50,12 @@ def user_errors() -> tuple[type[Exception], ...]:
     from jaxrl_agents.jobs.config import ConfigError
     from jaxrl_agents.models import CheckpointError, ModelConfigError
     from jaxrl_agents.sharding import MeshError
+    from jaxrl_agents.training.wandb_sink import WandbUnavailable
 
-    return (ConfigError, MeshError, ModelConfigError, CheckpointError, FileNotFoundError)
+    return (
+        ConfigError, MeshError, ModelConfigError, CheckpointError, FileNotFoundError,
+        WandbUnavailable,
+    )  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ def _main(tree) -> None:
     logging.getLogger("jax").setLevel(logging.WARNING)
     with reported():
         _sweep_run_dir(tree)
+        _sweep_wandb_group(tree)
         cfg = to_run_config(tree)
         summary = train(cfg)
     print(format_summary(summary))
@@ -56,6 +57,25 @@ def _sweep_run_dir(tree) -> None:
     if any(o.split("=", 1)[0].lstrip("+~") == "run_dir" for o in hc.overrides.task):
         return
     tree.run_dir = hc.runtime.output_dir
+
+
+def _sweep_wandb_group(tree) -> None:
+    """In a multirun with W&B logging on (``trainer.wandb.project``) and no
+    ``trainer.wandb.group`` given, group the sweep's jobs under the sweep's name: the name of its
+    folder (``hydra.sweep.dir``, ``multirun/<name>`` by default)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    wandb = tree.trainer.wandb
+    if hc.mode != RunMode.MULTIRUN or wandb.project is None or wandb.group is not None:
+        return
+    wandb.group = sweep_name(hc.sweep.dir)
+
+
+def sweep_name(sweep_dir: str) -> str:
+    """A sweep's name: the last component of its folder (``multirun/demo`` -> ``demo``)."""
+    return Path(sweep_dir).name or str(sweep_dir)
 
 
 def format_summary(summary: dict) -> str:

@@ -24,6 +24,7 @@ from jaxrl_agents.generation import EngineConfig
 from jaxrl_agents.rewards import RewardConfig
 from jaxrl_agents.rollout.orchestrator import RolloutConfig
 from jaxrl_agents.training.step import OptimizerConfig
+from jaxrl_agents.training.wandb_sink import WandbSpec
 
 
 class ConfigError(ValueError):
@@ -290,6 +291,11 @@ class TrainerSpec:
     default that is refused in one line naming the differing keys)."""
     export: bool = True
     progress: bool = True
+    wandb: WandbSpec = dataclasses.field(default_factory=WandbSpec)
+    """Weights & Biases logging besides ``metrics.jsonl`` and TensorBoard, on with
+    ``trainer.wandb.project=<name>`` (needs ``pip install 'jaxrl_agents[wandb]'``): the config,
+    every metric row, and the learning curve and ``summary.json`` as artifacts; a resume continues
+    the same W&B run. Off by default; may change on resume."""
 
     def __post_init__(self) -> None:
         for name in ("sft_steps", "sft_copy_steps", "rl_steps", "eval_every",

@@ -56,6 +56,15 @@ class Keys:
 
 _RESUME_FREE = {"trainer.progress", "trainer.allow_config_change", "trainer.rl_start_min_success"}
 """Keys that may change between a run and its resume without a word."""
+_RESUME_FREE_SECTIONS = ("trainer.wandb",)
+"""Sections whose keys may all change on resume (where the logs go, not what the run does)."""
+
+
+def _resume_free(key: str) -> bool:
+    """Whether dotted ``key`` may change between a run and its resume."""
+    return key in _RESUME_FREE or any(
+        key == s or key.startswith(f"{s}.") for s in _RESUME_FREE_SECTIONS
+    )
 
 
 def _diff(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
@@ -186,7 +195,7 @@ class RunRecord:
         diffs = [
             f"{k}: {a!r} -> {b!r}"
             for k, (a, b) in changed.items()
-            if k not in _RESUME_FREE and k not in added
+            if not _resume_free(k) and k not in added
         ]
         if diffs and not cfg.trainer.allow_config_change:
             shown = "; ".join(diffs[:6]) + (f"; ... ({len(diffs)} keys)" if len(diffs) > 6 else "")

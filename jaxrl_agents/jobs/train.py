@@ -58,6 +58,7 @@ from jaxrl_agents.training.metrics import RunLogger
 from jaxrl_agents.training.objectives import sft_loss
 from jaxrl_agents.training.step import LossInputs, TrainState, init_train_state, make_train_step
 from jaxrl_agents.training.update import make_rl_update
+from jaxrl_agents.training.wandb_sink import require_wandb
 from jaxrl_agents.types import EndReason
 
 log = logging.getLogger("jaxrl_agents")
@@ -69,6 +70,7 @@ def train(cfg: RunConfig, system: TrainSystem | None = None) -> dict[str, Any]:
 
     ``system``: the components to run with (default ``build_train(cfg)``): tests and tools pass
     one whose collector or sampler view they instrument."""
+    require_wandb(cfg.trainer.wandb)  # trainer.wandb.project set without the package: stop now
     D.maybe_initialize(cfg.mesh)
     return asyncio.run(_train(cfg, system))
 
@@ -88,7 +90,7 @@ class _Run:
         self.base = report.lora_base(cfg, system.model, self.record, has_checkpoints)
         self.record.write_config(cfg)
         self.record.note_environment(environment())
-        self.logger = RunLogger(cfg.run_dir)
+        self.logger = RunLogger(cfg.run_dir, wandb=self.tr.wandb, config=dataclasses.asdict(cfg))
         self.ckpt = Checkpointer(
             ckpt_dir,
             keep=self.tr.keep_checkpoints,
@@ -234,7 +236,7 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
     run.record.set("rl_eval", final)
     run.record.save()
     summary = report.summary(run, export_dir, time.time() - t_start, state)
-    run.logger.close()
+    run.logger.close(curve=run.record.curve)  # after summary.json: W&B logs both as artifacts
     run.ckpt.close()
     return summary
 
