@@ -25,11 +25,22 @@ from typing import Any
 from jaxrl_agents.cli import config_dir
 
 
+def folder_name(text: str) -> str:
+    """``text`` as a run folder's name: ``[`` / ``]`` become ``(`` / ``)`` (orbax's checkpoint
+    store cannot restore from a path with brackets, and a sweep folder named after a list
+    override, ``trainer.seq_buckets=[256,512]``, would have them)."""
+    return text.replace("[", "(").replace("]", ")")
+
+
 def register_schemas() -> None:
+    """The jobs' structured configs, and the ``folder_name`` resolver the sweep folder uses."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     from jaxrl_agents.jobs.config import JOB_CONFIGS, schema
 
+    if not OmegaConf.has_resolver("folder_name"):
+        OmegaConf.register_new_resolver("folder_name", folder_name)
     store = ConfigStore.instance()
     for name, cls in JOB_CONFIGS.items():
         store.store(name=f"{name}_schema", node=schema(cls))

@@ -364,6 +364,13 @@ class RunConfig:
     mesh: MeshSpec = dataclasses.field(default_factory=MeshSpec)
     trainer: TrainerSpec = dataclasses.field(default_factory=TrainerSpec)
 
+    def __post_init__(self) -> None:
+        if "[" in str(self.run_dir) or "]" in str(self.run_dir):
+            raise ConfigError(
+                f"run_dir={self.run_dir!r}: orbax cannot restore checkpoints from a path with "
+                "'[' or ']'; choose a folder name without them (e.g. '(' and ')')"
+            )
+
 
 @dataclasses.dataclass
 class EvalConfig:

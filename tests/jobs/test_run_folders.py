@@ -34,11 +34,20 @@ def _cli(*args, cwd=None, timeout=400):
 
 
 def test_multirun_jobs_get_their_own_folders(tmp_path):
-    p = _cli("-m", "advantage=grpo,rloo", *FAST, "trainer.rl_steps=1", cwd=tmp_path)
+    # a list override in the folder name: brackets become parentheses (orbax cannot restore
+    # checkpoints from a path with brackets)
+    buckets = "trainer.seq_buckets=[128,256,384]"
+    p = _cli("-m", "advantage=grpo,rloo", *FAST, "trainer.rl_steps=1", buckets, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "resuming" not in p.stdout, p.stdout[-2000:]
     runs = sorted((tmp_path / "multirun" / "demo").glob("advantage=*"))
     assert [r.name.split(",")[0] for r in runs] == ["advantage=grpo", "advantage=rloo"]
+    assert all("trainer.seq_buckets=(128,256,384)" in r.name for r in runs), runs
+    again = _cli("-m", "advantage=grpo", *FAST, "trainer.rl_steps=1", buckets, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from checkpoint: stage=rl step=1" in again.stdout  # its checkpoint restores
+    bad = _cli(*FAST, "run_dir='runs/x[1]'", cwd=tmp_path)
+    assert bad.returncode == 2 and "run_dir='runs/x[1]': orbax cannot restore" in bad.stderr
     for run in runs:
         cfg = json.loads((run / "config.json").read_text())
         assert cfg["advantage"]["name"] == run.name.split(",")[0].split("=")[1]
