@@ -1,0 +1,464 @@
+"""Write the configuration reference (``docs/reference/config.md``) from the typed config
+dataclasses, so the page cannot drift from the code.
+
+    python scripts/gen_config_reference.py            # (re)write the page
+    python scripts/gen_config_reference.py --check    # exit 1 when the page is not up to date
+
+It walks :class:`jaxrl_agents.jobs.config.RunConfig` (and the nested dataclasses it holds: model,
+chat, env, reward, advantage, loss, optimizer, sampler, rollout, mesh, trainer), then
+``EvalConfig`` and ``ExportConfig``, and writes per group a table of the dotted key (as on the
+Hydra command line), its type, its default and its description. Descriptions are the attribute
+docstrings (the string literal right after a dataclass field), read with ``ast`` from each
+class's source since Python does not keep them at run time; a field without one takes its entry
+in :data:`FALLBACK` (an entry whose field has gone, or now has a docstring of its own, is an
+error). The presets of each group (``configs/<group>/*.yaml``, with the first sentence of each
+file's leading comment) and ``jaxrl-train``'s default choice (``configs/config.yaml``) are listed
+too, so a new or changed preset also needs a regenerated page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import re
+import sys
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "reference" / "config.md"
+Row = tuple[str, str, str, str]
+CONFIGS = ROOT / "configs"
+
+FALLBACK: dict[str, str] = {
+    "RunConfig.seed": "Seed of the model's initialisation, the SFT data and the held-out and "
+    "validation tasks; of RL's own draws too unless ``trainer.rl_seed`` is set.",
+    "RunConfig.name": "Run name: ``configs/config.yaml`` sets ``run_dir`` to "
+    "``runs/<name>/seed<seed>``, and a sweep's jobs go under ``multirun/<name>/``.",
+    "RunConfig.run_dir": "The run folder (config, metrics, checkpoints, summary, export). "
+    "Rerunning the same command into it resumes; ``configs/config.yaml`` sets "
+    "``runs/${name}/seed${seed}``.",
+    "RewardConfig.terms": "The terms of the composition, summed into the reward: each a registered "
+    "term with its weight, clip, gate, assignment and params (the rows below; "
+    "`docs/concepts/rewards.md`).",
+    "MeshSpec.shape": "Sizes of the mesh axes (data, fsdp, tensor); one entry may be -1.",
+    "MeshSpec.num_processes": "Number of ``jax.distributed`` processes; None: from the "
+    "environment / SLURM, if any.",
+    "MeshSpec.process_id": "This process's index among them; None: from the environment / SLURM.",
+    "TrainerSpec.sft_steps": "SFT optimizer steps before RL (0: no SFT stage).",
+    "TrainerSpec.sft_batch_size": "Sequences per SFT step.",
+    "TrainerSpec.rl_steps": "RL steps (each: collect, reward, update, push).",
+    "TrainerSpec.ppo_epochs": "Passes over each step's rollout batch (each pass is "
+    "``minibatches`` optimizer updates).",
+    "TrainerSpec.checkpoint_every": "Checkpoint every this many RL steps (and the last one); "
+    "SFT checkpoints every 5x this many steps.",
+    "TrainerSpec.keep_checkpoints": "Newest checkpoints kept under ``checkpoints/latest/``.",
+    "TrainerSpec.async_checkpoints": "Write checkpoints in the background (orbax async saves).",
+    "TrainerSpec.log_trajectories_every": "Write sample trajectories "
+    "(``trajectories/*.jsonl``) every this many RL steps (0: never).",
+    "TrainerSpec.export": "Write the Hugging Face export (``hf_export/``) at the end of the run.",
+    "TrainerSpec.progress": "Show progress bars on the console.",
+    "OptimizerConfig.min_lr_ratio": "The cosine decay ends at ``min_lr_ratio x lr``.",
+    "OptimizerConfig.weight_decay": "AdamW weight decay.",
+    "OptimizerConfig.b1": "AdamW's first-moment decay.",
+    "OptimizerConfig.b2": "AdamW's second-moment decay.",
+    "OptimizerConfig.eps": "AdamW's epsilon.",
+    "EvalConfig.split": "The env split evaluated: ``heldout``, ``validation`` or ``train``.",
+    "EvalConfig.tasks": "Tasks evaluated (the same tasks for every policy).",
+    "EvalConfig.ks": "The k of each pass@k reported (every k at most ``samples``).",
+    "EvalConfig.seed": "Seed of the tasks and of every episode's sampling.",
+    "EvalConfig.out": "Report folder (``report.html``, ``report.json``, trajectories); "
+    "``configs/eval.yaml`` sets ``eval/<date>-<time>``.",
+    "EvalConfig.title": "Title of the HTML report.",
+    "ExportConfig.run_dir": "The ``jaxrl-train`` run folder to export.",
+    "ExportConfig.step": "The checkpoint's global step; None: the newest of ``which``.",
+    "ExportConfig.max_shard_size": "Largest safetensors shard of the export.",
+}
+"""Descriptions of fields that have no attribute docstring (``Class.field``)."""
+
+INTRO = """\
+# Configuration reference
+
+<!-- Generated by scripts/gen_config_reference.py from the config dataclasses: do not edit by
+hand; run `python scripts/gen_config_reference.py` (the test suite runs it with --check). -->
+
+Every key and its default lives in a typed dataclass (`jaxrl_agents/jobs/config.py` lists where
+each group's class is). Hydra registers those classes as structured configs; the YAML files under
+`configs/` only override fields or add presets. Set a key on the command line with its dotted name
+(`trainer.sft_steps=500`), pick a preset with its group (`advantage=rloo`), add a key to a mapping
+that the preset does not list with `+` (`+env.options.max_rows=50`). `jaxrl-train --cfg job`
+prints the composed config.
+
+The **default** column is the dataclass's; the presets `jaxrl-train` composes by default
+(`configs/config.yaml`: `model=tiny`, `trainer=demo`, `advantage=dr_grpo`, ...) override some of
+them, as listed under each group. List entries are shown as `[i]` (e.g. `reward.terms[i].weight`);
+they are usually set in a preset file. A wrong key, type or value stops the command in about a
+second with one line naming the dotted key.
+"""
+
+
+# -- reading the sources ---------------------------------------------------------------------------
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: attribute docstring}`` of the fields ``cls`` itself annotates (not its bases)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef)).body
+    out = {}
+    for stmt, nxt in zip(body, body[1:], strict=False):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            out[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+    return out
+
+
+def owner(cls: type, name: str) -> type:
+    """The class of ``cls``'s MRO that declares field ``name``."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__.get("__annotations__", {}):
+            return klass
+    return cls
+
+
+def nested(tp: Any) -> tuple[type | None, bool]:
+    """``(dataclass, is_list)`` when ``tp`` is a dataclass, an optional one or a list of them."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return tp, False
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return nested(args[0])
+    if origin is list:
+        (arg,) = typing.get_args(tp) or (None,)
+        if dataclasses.is_dataclass(arg):
+            return arg, True
+    return None, False
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def yaml_value(v: Any) -> str:
+    """A default as written in YAML / on the Hydra command line."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return v if v and v.strip() == v else f'"{v}"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(yaml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {yaml_value(x)}" for k, x in v.items()) + "}"
+    if dataclasses.is_dataclass(v):
+        changed = {
+            f.name: getattr(v, f.name)
+            for f in dataclasses.fields(v)
+            if default_of(f) is dataclasses.MISSING or getattr(v, f.name) != default_of(f)
+        }
+        return yaml_value(changed)
+    return repr(v)
+
+
+# -- Markdown --------------------------------------------------------------------------------------
+
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def _rst_to_md(text: str) -> str:
+    text = re.sub(r":\w+:`~?([^`]+)`", r"``\1``", text)  # :class:`X` -> ``X``
+    return re.sub(r"``(.+?)``", r"`\1`", text, flags=re.S)
+
+
+def _escape_plain(text: str) -> str:
+    for a, b in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("*", "\\*"), ("|", "\\|")):
+        text = text.replace(a, b)
+    return text
+
+
+def _inline(text: str) -> str:
+    """Plain text escaped, code spans kept; a code span holding ``|`` is split around it (a pipe
+    inside a code span would end a table cell on some renderers)."""
+    out, pos = [], 0
+    for m in _CODE.finditer(text):
+        out.append(_escape_plain(text[pos : m.start()]))
+        parts = [p.strip() for p in m.group(1).split("|")]
+        out.append(" \\| ".join(f"`{p}`" for p in parts if p) or "`|`")
+        pos = m.end()
+    out.append(_escape_plain(text[pos:]))
+    return "".join(out)
+
+
+def _paragraphs(doc: str) -> list[list[str]]:
+    """Paragraphs of a docstring, each a list of items (bullets start new items)."""
+    paras: list[list[str]] = []
+    for block in re.split(r"\n\s*\n", _rst_to_md(inspect.cleandoc(doc))):
+        items: list[str] = []
+        for line in block.splitlines():
+            bullet = re.match(r"\s*[*-] (.*)", line)
+            if bullet or not items:
+                items.append(("• " if bullet else "") + (bullet.group(1) if bullet else line))
+            else:
+                items[-1] += " " + line.strip()
+        if items:
+            paras.append([" ".join(i.split()) for i in items])
+    return paras
+
+
+def cell(doc: str) -> str:
+    """A docstring as one table cell (paragraphs and bullets on their own lines)."""
+    return "<br>".join(_inline(item) for para in _paragraphs(doc) for item in para)
+
+
+def prose(doc: str) -> str:
+    """A class docstring as Markdown paragraphs."""
+    out = []
+    for para in _paragraphs(doc):
+        out.append("\n".join(("- " + _inline(i[2:])) if i.startswith("• ") else _inline(i)
+                             for i in para))  # fmt: skip
+    return "\n\n".join(out)
+
+
+# -- the page --------------------------------------------------------------------------------------
+
+
+def description(cls: type, name: str, used: set[str]) -> str:
+    klass = owner(cls, name)
+    doc = field_docs(klass).get(name)
+    key = f"{klass.__name__}.{name}"
+    if doc is not None:
+        if key in FALLBACK:
+            raise SystemExit(f"FALLBACK[{key!r}]: the field has a docstring now; drop the entry")
+        return doc
+    if key in FALLBACK:
+        used.add(key)
+        return FALLBACK[key]
+    return ""
+
+
+def field_rows(cls: type, f: dataclasses.Field, prefix: str, used: set[str]) -> list[Row]:
+    """``(key, type, default, description)`` of field ``f`` of ``cls``, nested fields after it."""
+    key = f"{prefix}{f.name}"
+    sub, is_list = nested(typing.get_type_hints(cls)[f.name])
+    tp = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    default = default_of(f)
+    shown = "required" if default is dataclasses.MISSING else f"`{yaml_value(default)}`"
+    if sub is not None and not is_list and default is not None:
+        shown = "(below)"
+    out = [(key, tp, shown, description(cls, f.name, used))]
+    if sub is not None:
+        out.extend(rows(sub, f"{key}[i]." if is_list else f"{key}.", used))
+    return out
+
+
+def rows(cls: type, prefix: str, used: set[str]) -> list[Row]:
+    """The rows of every field of ``cls``, nested dataclasses flattened into dotted keys."""
+    return [r for f in dataclasses.fields(cls) if f.init for r in field_rows(cls, f, prefix, used)]
+
+
+def table(entries: list[Row]) -> str:
+    lines = ["| key | type | default | description |", "|---|---|---|---|"]
+    for key, tp, default, doc in entries:
+        lines.append(f"| `{key}` | {_escape_plain(tp)} | {default} | {cell(doc)} |")
+    return "\n".join(lines)
+
+
+def leading_comment(path: Path) -> str:
+    """The first sentence of a YAML file's leading comment (``@package`` lines skipped; an
+    indented comment line, an example command, ends it)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#") or line.startswith("#   "):
+            break
+        text = line.lstrip("#").strip()
+        if not text.startswith("@package"):
+            lines.append(text)
+    text, depth = " ".join(" ".join(lines).split()), 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "." and depth == 0 and (i + 1 == len(text) or text[i + 1] == " "):
+            if not re.search(r"\b(e\.g|i\.e|vs|Dr|al)$", text[:i]):
+                return text[: i + 1]
+    return text[:-1] + "." if text.endswith(":") else text
+
+
+def flat(tree: Any, prefix: str) -> list[str]:
+    """``key=value`` overrides of a YAML mapping, nested mappings as dotted keys."""
+    if isinstance(tree, dict) and tree:
+        return [kv for k, v in tree.items() for kv in flat(v, f"{prefix}.{k}" if prefix else k)]
+    return [f"{prefix}={yaml_value(tree)}"]
+
+
+def preset_settings(path: Path, group: str) -> str:
+    """What a preset file sets, as command-line overrides (and the presets it builds on)."""
+    import yaml
+
+    text = path.read_text()
+    data = yaml.safe_load(text) or {}
+    glob = "@package _global_" in text
+    bases = []
+    for entry in data.pop("defaults", []) or []:
+        if isinstance(entry, str) and entry != "_self_":
+            bases.append(f"{group}={entry}")
+        elif isinstance(entry, dict):
+            bases += [f"{k.split('/')[-1]}={v}" for k, v in entry.items()]
+    data.pop("hydra", None)
+    sets = flat(data, "" if glob else group) if data else []
+    out = []
+    if bases:
+        out.append("over " + ", ".join(f"`{b}`" for b in bases))
+    if sets:
+        out.append("sets " + ", ".join(f"`{kv}`" for kv in sets))
+    return "; ".join(out) if out else "sets nothing (the dataclass defaults)"
+
+
+def default_choices(config: Path) -> dict[str, str | None]:
+    """``{group: option}`` of a primary config's defaults list."""
+    import yaml
+
+    out: dict[str, str | None] = {}
+    for entry in yaml.safe_load(config.read_text()).get("defaults", []):
+        if isinstance(entry, dict):
+            out.update(entry)
+    return out
+
+
+def presets(group: str, choice: str | None) -> str:
+    """The bullet list of a group's preset files (empty when it has none)."""
+    folder = CONFIGS / group
+    files = sorted(folder.glob("*.yaml")) if folder.is_dir() else []
+    if not files:
+        return ""
+    lines = [f"Presets (`{group}=<name>`, files in `configs/{group}/`):", ""]
+    for path in files:
+        mark = " (`jaxrl-train`'s default)" if path.stem == choice else ""
+        about = _inline(_rst_to_md(leading_comment(path)))
+        lines.append(f"- `{path.stem}`{mark}: {about} *{preset_settings(path, group)}.*")
+    return "\n".join(lines) + "\n"
+
+
+def group_section(name: str, cls: type, choice: str | None, used: set[str]) -> str:
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    parts = [f"## `{name}`", "", f"Class `{where}`.", ""]
+    if cls.__doc__ and not cls.__doc__.startswith(f"{cls.__name__}("):
+        parts += [prose(cls.__doc__), ""]
+    block = presets(name, choice)
+    if block:
+        parts += [block]
+    parts += [table(rows(cls, f"{name}.", used)), ""]
+    return "\n".join(parts)
+
+
+def job_section(title: str, intro: str, cls: type, groups: dict[str, str], used: set[str]) -> str:
+    """A job's own keys; keys of a group documented above link to it."""
+    hints = typing.get_type_hints(cls)
+    entries = []
+    for f in dataclasses.fields(cls):
+        sub, _ = nested(hints[f.name])
+        if sub is not None and f.name in groups:
+            link = f"[`{f.name}`](#{groups[f.name]})"
+            default = default_of(f)
+            shown = "`null`" if default is None else "(group)"
+            doc = description(cls, f.name, used)
+            text = f"The `{f.name}` group, as in `jaxrl-train` ({link})."
+            entries.append((f.name, f.type, shown, f"{doc}\n\n{text}" if doc else text))
+        else:
+            entries.extend(field_rows(cls, f, "", used))
+    return "\n".join([f"## {title}", "", intro, "", table(entries), ""])
+
+
+def render() -> str:
+    from jaxrl_agents.jobs.config import EvalConfig, ExportConfig, RunConfig
+
+    used: set[str] = set()
+    choices = default_choices(CONFIGS / "config.yaml")
+    hints = typing.get_type_hints(RunConfig)
+    top = [f for f in dataclasses.fields(RunConfig) if nested(hints[f.name])[0] is None]
+    groups = [f for f in dataclasses.fields(RunConfig) if nested(hints[f.name])[0] is not None]
+    parts = [INTRO]
+    parts.append(
+        "## `jaxrl-train`\n\n"
+        "Class `jaxrl_agents.jobs.config.RunConfig` (primary config `configs/config.yaml`); its "
+        f"groups follow: {', '.join(f'[`{f.name}`](#{f.name})' for f in groups)}, and the "
+        "[`experiment`](#experiment) presets.\n\n"
+        + table([r for f in top for r in field_rows(RunConfig, f, "", used)])
+        + "\n"
+    )
+    for f in groups:
+        parts.append(group_section(f.name, nested(hints[f.name])[0], choices.get(f.name), used))
+    parts.append(
+        "## `experiment`\n\n"
+        "A whole recipe over every group above (`experiment=<name>`, applied last).\n\n"
+        + presets("experiment", choices.get("experiment"))
+    )
+    anchors = {f.name: f.name for f in groups}
+    parts.append(
+        job_section(
+            "`jaxrl-eval`",
+            "Class `jaxrl_agents.jobs.config.EvalConfig` (primary config `configs/eval.yaml`). "
+            + prose(EvalConfig.__doc__.split("\n", 1)[1]),
+            EvalConfig,
+            anchors,
+            used,
+        )
+    )
+    parts.append(
+        job_section(
+            "`jaxrl-export`",
+            "Class `jaxrl_agents.jobs.config.ExportConfig` (primary config `configs/export.yaml`): "
+            "a run's checkpoint to a Hugging Face folder.",
+            ExportConfig,
+            anchors,
+            used,
+        )
+    )
+    stale = sorted(set(FALLBACK) - used)
+    if stale:
+        raise SystemExit(f"FALLBACK entries for fields that do not exist: {', '.join(stale)}")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--check", action="store_true", help="exit 1 when the file is not up to date")
+    p.add_argument("--out", type=Path, default=OUT, help=f"default: {OUT.relative_to(ROOT)}")
+    args = p.parse_args(argv)
+    text = render()
+    if args.check:
+        old = args.out.read_text() if args.out.exists() else ""
+        if old == text:
+            return 0
+        diff = difflib.unified_diff(
+            old.splitlines(), text.splitlines(), str(args.out), "generated", lineterm="", n=1
+        )
+        print("\n".join(list(diff)[:40]), file=sys.stderr)
+        print(f"{args.out} is out of date: run python scripts/gen_config_reference.py",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
