@@ -1,4 +1,4 @@
-"""Every benchmark in one process, one table, and the tables in BENCHMARKS.md rewritten.
+"""Every benchmark in one process, one table; with ``--write`` the table in BENCHMARKS.md rewritten.
 
 Rows compare against a side-by-side baseline measured in the same run:
 
@@ -11,9 +11,9 @@ Scaling sections: decode throughput vs engine slots; time per turn vs turn index
 vs tool latency and concurrency; train-step cost vs sequence length; peak host RSS (and device
 memory where the backend reports it).
 
-    python scripts/bench_all.py --quick          # < 5 min on 2 CPU cores
-    python scripts/bench_all.py                  # the full set (~15-25 min on 2 CPU cores)
-    python scripts/bench_all.py --no-write       # print only, leave BENCHMARKS.md alone
+    python scripts/bench_all.py --quick          # < 5 min on 2 CPU cores, printed only
+    python scripts/bench_all.py --write          # the full set (~15-25 min on 2 CPU cores), and
+                                                 # its table replaces BENCHMARKS.md's
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smallest configurations (< 5 min)")
-    ap.add_argument("--no-write", action="store_true", help="do not rewrite BENCHMARKS.md")
+    ap.add_argument("--write", action="store_true", help="replace BENCHMARKS.md's table (full set)")
     ap.add_argument("--only", nargs="+", choices=["sampler", "rollout", "train"])
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args()
@@ -218,7 +218,9 @@ def main() -> None:
         f"Wall time: {time.time() - t0:.0f} s.\n\n{table(rows)}\n"
     )
     print(text)
-    if not args.no_write:
+    if args.write and args.quick:
+        ap.error("--write records the full set only: a --quick table would replace it")
+    if args.write:
         path = ROOT / "BENCHMARKS.md"
         doc = path.read_text() if path.exists() else "# Benchmarks\n"
         block = f"{START}\n{text}{END}"
