@@ -15,7 +15,9 @@ One process per host, all running the same program (SPMD over a global mesh):
 
 Start-up sources, first match wins: explicit ``mesh.coordinator_address`` / ``num_processes`` /
 ``process_id``; ``JAX_COORDINATOR_ADDRESS`` + ``JAX_NUM_PROCESSES`` + ``JAX_PROCESS_ID``; a SLURM
-allocation of more than one task (``jax.distributed.initialize()`` auto-detects SLURM).
+job step of more than one task (``srun``: ``jax.distributed.initialize()`` auto-detects SLURM;
+the coordinator is the step's first node, its port derived from the job id). An sbatch script of
+several tasks that starts the job without ``srun`` stops with a one-line error.
 On CPU the collectives need gloo: ``jax_cpu_collectives_implementation='gloo'`` is set here.
 
 With one process every helper is the identity (or a trivial local computation), so the
@@ -88,6 +90,14 @@ def maybe_initialize(mesh_spec) -> bool:
     slurm = _int_env("SLURM_NTASKS") or 0
     if addr is None and slurm <= 1:
         return False
+    if addr is None and (missing := [v for v in _SLURM_STEP_ENV if v not in os.environ]):
+        from jaxrl_agents.sharding import MeshError
+
+        raise MeshError(
+            f"SLURM_NTASKS={slurm}, but this process is not one task of a SLURM job step "
+            f"(no {', '.join(missing)}): start one process per task with `srun jaxrl-train ...` "
+            "(e.g. in the sbatch script), or run a single process with `srun --ntasks=1`"
+        )
     # Not ``jax.default_backend()``: that starts the backend, after which initialize() refuses.
     # gloo only serves CPU collectives, so it is harmless on accelerator hosts.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -103,6 +113,11 @@ def maybe_initialize(mesh_spec) -> bool:
         jax.distributed.initialize()  # SLURM auto-detection
     _initialized = True
     return True
+
+
+# What jax.distributed's SLURM detection reads: set in every task that srun starts, but not in
+# an sbatch script itself (whose SLURM_NTASKS is still the allocation's task count).
+_SLURM_STEP_ENV = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_PROCID", "SLURM_LOCALID")
 
 
 def _int_env(name: str) -> int | None:
