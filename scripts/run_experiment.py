@@ -269,7 +269,7 @@ def slice_table(rs: list[dict]) -> list[str]:
             blank = " | ".join([""] * len(cols))
             lines.append(f"| {name} | mean | {blank} | {m:+.1f} ({span(lo, hi, '+.1f', ' to ')})"
                          " |")  # fmt: skip
-    return ["Held-out success by slice (95% Wilson interval, episodes):", "", *lines, ""]
+    return ["", "Held-out success by slice (95% Wilson interval, episodes):", "", *lines, ""]
 
 
 def write(name: str, results: list[dict], root: Path) -> str:
