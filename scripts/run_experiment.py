@@ -121,7 +121,7 @@ def train_and_eval(
     cfg = json.loads((run_dir / "config.json").read_text())
     out = run_dir / "eval"
     # a pretrained checkpoint (model.path) is also evaluated as it is: the zero-shot row
-    base = cfg["model"].get("path")
+    base = cfg.get("model", {}).get("path")
     if not (out / "report.json").exists():
         # no env=: jaxrl-eval takes the run's own env (its task generator, options, oracle), so
         # the report's held-out tasks are the ones the run was evaluated on
@@ -149,7 +149,7 @@ def train_and_eval(
     final = summary.get("rl_validation_success")  # the last step's is in the summary only
     if final is not None and env_steps > 0 and (not curve or curve[-1][0] < env_steps):
         curve.append((env_steps, final))
-    report = json.loads((out / "report.json").read_text())["policies"]
+    report = json.loads((out / "report.json").read_text()).get("policies", {})
     named = dict(zip(("sft", "rl", "zero_shot"), report.values(), strict=False))
     slices = {k: m.get("slices", {}) for k, m in named.items() if m.get("slices")}
     return {
