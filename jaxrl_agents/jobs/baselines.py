@@ -55,9 +55,10 @@ async def rft(run: Any, engine: Any, state: TrainState) -> TrainState:
             "nothing to fine-tune on"
         )
     opt = dataclasses.replace(cfg.optimizer, lr=tr.sft_lr, hold_steps=0, decay_steps=tr.rl_steps)
-    state = run.fresh_state(state.params, opt.build())
+    tx = opt.build()
+    state = run.fresh_state(state.params, tx)
     step_fn = make_train_step(
-        system.graphdef, opt.build(), sft_loss(chunk=tr.logprob_chunk),
+        system.graphdef, tx, sft_loss(chunk=tr.logprob_chunk),
         microbatches=tr.microbatches, rest=system.rest,
     )  # fmt: skip
     rows_per_step = tr.tasks_per_step * group
