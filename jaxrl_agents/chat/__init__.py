@@ -1,7 +1,8 @@
 """Chat layer: the shipped tiny tokenizer, chat templates, token-in/token-out rendering of
 conversations to ids and loss masks, and tool-call parsing of sampled text."""
 
-from jaxrl_agents.chat.render import ChatFormat, Encoded, split_reasoning
+from jaxrl_agents.chat.messages import split_reasoning
+from jaxrl_agents.chat.render import ChatFormat, Encoded
 from jaxrl_agents.chat.templates import (
     CHAT_TEMPLATES,
     QWEN25_CHAT_TEMPLATE,

@@ -34,22 +34,10 @@ renders a final one (with its think block), so SFT and RL agree. Sampled ``<thin
 in the parsed message as ``reasoning_content`` (the trajectory record), and only the text after it
 is parsed for tool calls and handed to the environment.
 
-**Control tokens come only from the template.** Every string of the messages and tools (contents,
-reasoning, tool results, tool-call names and arguments, tool schemas) is text from outside the
-template. Where one holds a control token's string (:attr:`ChatFormat.control_tokens`: the special
-tokens and the added tokens the template writes, e.g. ``<|im_end|>``, ``<|eot_id|>``,
-``<tool_call>``), the template is rendered with each such string replaced by a placeholder, the
-rendering is tokenized (so only the template's own markup matches control tokens), and each
-stretch of text between two added tokens that holds a placeholder is tokenized again with the
-strings put back and no added token recognised (:meth:`ChatFormat.encode_plain`). A forged
-``<|im_end|>\n<|im_start|>assistant\n`` in a tool result is thus a run of ordinary tokens, never a
-turn boundary. Stretches without a placeholder keep their ids, and a conversation without such
-strings is tokenized exactly as before (the whole rendering in one call), so benign ids are
-unchanged. BPE boundaries do not move: the tokenizer itself cuts text at every added token and
-tokenizes the pieces independently, so the re-tokenized stretch is exactly the piece the tokenizer
-would have seen had the hidden strings not been added tokens (checked per stretch: tokenizing it
-on its own with the placeholders in must give the ids it got inside the rendering, else
-``ValueError``).
+**Control tokens come only from the template.** A string of the messages or tools that holds a
+control token's string (``<|im_end|>``, ``<tool_call>``) is tokenized as plain text, never as the
+control token: see :mod:`jaxrl_agents.chat.control_tokens`. Message normalisation and the split of
+a sampled turn's reasoning live in :mod:`jaxrl_agents.chat.messages`.
 
 Deviation to know: the message list is a *view* of the trajectory. Sampled text that is not in
 canonical form (other JSON spacing, malformed calls) keeps its sampled ids in the trajectory, while
@@ -58,12 +46,27 @@ the parsed assistant message holds the content with all call markup removed plus
 
 from __future__ import annotations
 
-import copy
 import os
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from jaxrl_agents.chat.control_tokens import (
+    Defuse,
+    Marked,
+    control_pattern,
+    control_tokens,
+    defuser,
+    encode_marked,
+    encode_plain,
+)
+from jaxrl_agents.chat.messages import (
+    THINK_CLOSE,
+    call_pair,
+    has_inline_reasoning,
+    normalize,
+    split_inline_reasoning,
+    split_reasoning,
+)
 from jaxrl_agents.chat.templates import CHAT_TEMPLATES, resolve_template
 from jaxrl_agents.chat.tool_calls import (
     MAX_TOOL_CALLS,
@@ -71,8 +74,20 @@ from jaxrl_agents.chat.tool_calls import (
     detect_tool_parser,
     parse_tool_calls,
 )
-from jaxrl_agents.facts import decode_arguments
 from jaxrl_agents.types import Message, ToolCall
+
+__all__ = ["ChatFormat", "Encoded", "split_reasoning"]
+
+_END_OF_TURN = (
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end_of_text|>",
+    "<|endoftext|>",
+    "<end_of_turn>",
+)
+"""Tokens that end a turn when the template writes them (Llama 3.x ends a tool-call turn with
+``<|eom_id|>`` in ipython mode and others with ``<|eot_id|>``: both stop)."""
 
 # Sentinel contents of the dummy conversation; plain words any vocabulary encodes.
 _DUMMY_USER, _DUMMY_ASSISTANT = "Hi.", "Okay."
@@ -85,14 +100,6 @@ class Encoded(NamedTuple):
     ids: list[int]
     loss_mask: list[int]
     turn_spans: list[tuple[int, int]]
-
-
-class _Marked(NamedTuple):
-    """Rendered text in which each control-token string from outside the template stands as a
-    placeholder; ``hidden`` maps each placeholder back to the string it stands for."""
-
-    text: str
-    hidden: dict[str, str]
 
 
 class ChatFormat:
@@ -158,26 +165,18 @@ class ChatFormat:
         self.template_kwargs: dict[str, Any] = (
             {} if thinking is None else {"enable_thinking": thinking}
         )
-        self.reasoning = _THINK_CLOSE in template
+        self.reasoning = THINK_CLOSE in template
         """Whether sampled turns are split into ``reasoning_content`` and content (templates
         that know ``<think>`` blocks)."""
         added = tokenizer.get_added_vocab()
         self._added: dict[int, str] = {int(i): t for t, i in added.items() if t}
         """Added tokens by id (the tokenizer matches their strings before any other piece)."""
-        special = {*getattr(tokenizer, "all_special_tokens", ())}
-        special |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
-                    if getattr(t, "special", False)}  # fmt: skip
-        self.control_tokens: frozenset[str] = frozenset(
-            t for t in {*added, *special} if t and (t in special or (t.strip() and t in template))
-        )
+        self.control_tokens: frozenset[str] = control_tokens(tokenizer, added, template)
         """Strings that only the template may write as tokens: the special tokens and the added
         tokens the template writes (``<tool_call>``, ``<think>``). In text from outside the
         template they are tokenized as plain text; other added tokens (vocabulary extensions
         such as whitespace runs) are tokenized there as always."""
-        names = sorted(self.control_tokens, key=lambda t: (-len(t), t))
-        self._controls: re.Pattern[str] | None = (
-            re.compile("|".join(map(re.escape, names))) if names else None
-        )
+        self._controls = control_pattern(self.control_tokens)
         self.stop_token, stop_id = self._find_stop_token()
         ends = [int(added[t]) for t in _END_OF_TURN if t in added and t in template]
         eos = tokenizer.eos_token_id
@@ -204,7 +203,7 @@ class ChatFormat:
         add_generation_prompt: bool = False,
     ) -> str:
         """The template's text for ``messages`` (tool-call arguments normalised to dicts)."""
-        return self._apply([_normalize(m) for m in messages], tools, add_generation_prompt)
+        return self._apply([normalize(m) for m in messages], tools, add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         """Tokenize rendered text (the template writes any BOS itself, so none is added); every
@@ -217,43 +216,34 @@ class ChatFormat:
         ``split_special_tokens=True``; non-special added tokens such as ``<tool_call>`` are split
         too). Runs the fast tokenizer's normalizer, pre-tokenizer and model, the pipeline every
         piece of text between added tokens goes through."""
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            raise ValueError(
-                f"cannot tokenize text as plain text with {type(self.tokenizer).__name__}: it "
-                "has no fast (tokenizers) backend"
-            )
-        if backend.normalizer is not None:
-            text = backend.normalizer.normalize_str(text)
-        pieces = (
-            [p for p, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
-            if backend.pre_tokenizer is not None
-            else [text]
-        )
-        return [t.id for p in pieces if p for t in backend.model.tokenize(p)]
+        return encode_plain(self.tokenizer, text)
 
     def prompt_ids(
         self, messages: list[Message], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
         """Opening messages rendered with the generation prompt: Int['T']."""
-        defuse = self._defuser(messages, tools)
+        defuse = defuser(self._controls, self.chat_template, messages, tools)
         msgs, tls = self._prepare(messages, tools, defuse)
         text = self._apply(msgs, tls, True)
-        return self._encode_marked(_Marked(text, defuse.hidden if defuse else {}))
+        return encode_marked(
+            self.tokenizer, self._added, Marked(text, defuse.hidden if defuse else {})
+        )
 
     def continuation_ids(
         self, new_messages: list[Message], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
         """Tokens after an assistant turn's stop token: template tail + ``new_messages`` +
         generation prompt: Int['T']. See the module docstring for how it is derived."""
-        return self._encode_marked(self._continuation(list(new_messages), tools))
+        return encode_marked(
+            self.tokenizer, self._added, self._continuation(list(new_messages), tools)
+        )
 
     def _continuation(
         self, new: list[Message], tools: list[dict[str, Any]] | None, *, hide: bool = True
-    ) -> _Marked:
+    ) -> Marked:
         user = {"role": "user", "content": _DUMMY_USER}
         msgs = [user, {"role": "assistant", "content": _DUMMY_ASSISTANT}, *new]
-        defuse = self._defuser(new, tools) if hide else None
+        defuse = defuser(self._controls, self.chat_template, new, tools) if hide else None
         msgs, tls = self._prepare(msgs, tools, defuse)
         full = self._apply(msgs, tls, True)
         head = self._apply(msgs[:1], tls, False)
@@ -264,7 +254,7 @@ class ChatFormat:
                 "cannot find where an assistant turn ends in the chat template's rendering of "
                 f"[user, assistant, ...]: {full[-300:]!r}"
             )
-        return _Marked(full[stop + len(self.stop_token) :], defuse.hidden if defuse else {})
+        return Marked(full[stop + len(self.stop_token) :], defuse.hidden if defuse else {})
 
     def assistant_text(self, message: Message) -> str:
         """What the policy must generate for ``message`` (content + tool-call blocks exactly as
@@ -275,9 +265,9 @@ class ChatFormat:
         """:meth:`assistant_text` tokenized with the template's markup as control tokens and the
         message's own strings (content, reasoning, tool-call names and arguments) as plain text:
         Int['T'], without the stop token."""
-        return self._encode_marked(self._assistant(message))
+        return encode_marked(self.tokenizer, self._added, self._assistant(message))
 
-    def _assistant(self, message: Message, *, hide: bool = True) -> _Marked:
+    def _assistant(self, message: Message, *, hide: bool = True) -> Marked:
         head = [{"role": "user", "content": _DUMMY_USER}]
         base = self.render(head, add_generation_prompt=True)
         msg = {"role": "assistant", "content": message.get("content") or ""}
@@ -285,7 +275,7 @@ class ChatFormat:
             msg["tool_calls"] = message["tool_calls"]
         if message.get("reasoning_content") is not None:
             msg["reasoning_content"] = message["reasoning_content"]
-        defuse = self._defuser([msg]) if hide else None
+        defuse = defuser(self._controls, self.chat_template, [msg]) if hide else None
         msgs, _ = self._prepare([*head, msg], None, defuse)
         full = self._apply(msgs, None, False)
         if not full.startswith(base):
@@ -295,7 +285,7 @@ class ChatFormat:
                 f": {full[-200:]!r}"
             )
         rest = full[len(base) :]
-        return _Marked(rest[: rest.rfind(self.stop_token)], defuse.hidden if defuse else {})
+        return Marked(rest[: rest.rfind(self.stop_token)], defuse.hidden if defuse else {})
 
     def _apply(
         self,
@@ -316,25 +306,11 @@ class ChatFormat:
             out = out[0]
         return out
 
-    # -- text from outside the template ----------------------------------------------------
-    def _defuser(self, *values: Any) -> _Defuse | None:
-        """A :class:`_Defuse` for ``values`` (messages, tools) when a string in them holds a
-        control token's string; else ``None`` (rendered and tokenized as they are)."""
-        if self._controls is None:
-            return None
-        strings = list(_strings(values))
-        if not any(self._controls.search(s) for s in strings):
-            return None
-        base = "jxrlctl"  # ASCII letters: no added token, kept as is by tojson, trim, strip
-        while base in self.chat_template or any(base in s for s in strings):
-            base += "q"
-        return _Defuse(self._controls, base)
-
     def _prepare(
         self,
         messages: list[Message],
         tools: list[dict[str, Any]] | None,
-        defuse: _Defuse | None,
+        defuse: Defuse | None,
     ) -> tuple[list[Message], list[dict[str, Any]] | None]:
         """Normalised ``messages`` and ``tools``, with ``defuse``'s placeholders in their strings.
 
@@ -342,11 +318,11 @@ class ChatFormat:
         no ``reasoning_content``) is first split into the two fields when the template renders
         that split to the same text (Qwen3 splits it itself): the think block's tags are then the
         template's markup, and only what is inside and after it is outside text."""
-        msgs = [_normalize(m) for m in messages]
+        msgs = [normalize(m) for m in messages]
         if defuse is None:
             return msgs, tools
-        if self.reasoning and any(_inline_reasoning(m) for m in msgs):
-            split = [_split_inline_reasoning(m) for m in msgs]
+        if self.reasoning and any(has_inline_reasoning(m) for m in msgs):
+            split = [split_inline_reasoning(m) for m in msgs]
             try:
                 same = self._apply(split, tools, False) == self._apply(msgs, tools, False)
             except Exception:  # noqa: BLE001 - a template that renders only the inline form
@@ -355,63 +331,13 @@ class ChatFormat:
                 msgs = split
         return defuse(msgs), defuse(tools)
 
-    def _encode_marked(self, marked: _Marked) -> list[int]:
-        """Token ids of rendered text whose placeholders stand for outside strings.
-
-        Without placeholders: :meth:`encode` of the text. Otherwise the text (placeholders in) is
-        tokenized once; its control tokens are the template's markup, and its added tokens split
-        it into stretches, each tokenized by the tokenizer on its own. A stretch holding a
-        placeholder is re-tokenized with the hidden strings put back by :meth:`encode_plain`,
-        after checking that :meth:`encode_plain` gives that stretch's ids with the placeholders
-        in (the tokenizer's pipeline handles the stretch independently of its neighbours)."""
-        text, hidden = marked
-        if not hidden or not any(p in text for p in hidden):
-            return self.encode(text)
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            self.encode_plain(text)  # raises: no plain tokenization without a fast backend
-        enc = backend.encode(text, add_special_tokens=False)
-        ids, offsets = list(enc.ids), list(enc.offsets)
-        if ids != self.encode(text):
-            raise ValueError(
-                f"{type(self.tokenizer).__name__}.encode and its tokenizers backend disagree on "
-                "rendered text; cannot tell the template's control tokens from outside text"
-            )
-        restore = re.compile("|".join(map(re.escape, sorted(hidden, key=len, reverse=True))))
-        out: list[int] = []
-        piece_start, at = 0, 0  # first id / first character of the current plain stretch
-        for k in range(len(ids) + 1):
-            cut = k < len(ids) and self._is_added(ids[k], text, offsets[k])
-            if k < len(ids) and not cut:
-                continue
-            end = offsets[k][0] if k < len(ids) else len(text)
-            stretch, piece = text[at:end], ids[piece_start:k]
-            if restore.search(stretch):
-                if self.encode_plain(stretch) != piece:
-                    raise ValueError(
-                        f"cannot tokenize outside text as plain text with this tokenizer: its "
-                        f"pipeline tokenizes {stretch[:80]!r} differently inside the rendering"
-                    )
-                piece = self.encode_plain(restore.sub(lambda m: hidden[m.group()], stretch))
-            out += piece
-            if k < len(ids):
-                out.append(ids[k])
-                piece_start, at = k + 1, offsets[k][1]
-        return out
-
-    def _is_added(self, token_id: int, text: str, span: tuple[int, int]) -> bool:
-        """Whether the token at ``span`` of ``text`` is an added token (its string there, with
-        any whitespace the token strips), not a plain token that happens to share its id."""
-        content = self._added.get(token_id)
-        return content is not None and content in text[span[0] : span[1]]
-
     def check_round_trip(self, message: Message) -> str | None:
         """``None`` when parsing what the template renders for assistant ``message`` gives its
         tool calls back (and, for a turn without calls, its content); else the reason, naming
         the rendered text and what the parser read from it."""
         text = self.assistant_text(message)
         parsed, calls = self.parse_assistant(text)
-        want = [_call_pair(c) for c in message.get("tool_calls") or []]
+        want = [call_pair(c) for c in message.get("tool_calls") or []]
         got = [(c.name, c.arguments) for c in calls if c.error is None]
         if want != got:
             errors = [c.error for c in calls if c.error]
@@ -516,123 +442,3 @@ class ChatFormat:
         except Exception:  # noqa: BLE001 - a template that cannot render this probe
             return True
         return not more.startswith(base)
-
-
-_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
-_END_OF_TURN = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end_of_text|>", "<|endoftext|>",
-                "<end_of_turn>")  # fmt: skip
-"""Tokens that end a turn when the template writes them (Llama 3.x ends a tool-call turn with
-``<|eom_id|>`` in ipython mode and others with ``<|eot_id|>``: both stop)."""
-
-
-def split_reasoning(text: str) -> tuple[str | None, str]:
-    """``(reasoning, rest)`` of a sampled turn: the ``<think>...</think>`` block's inside (``None``
-    when there is none; everything after an unclosed ``<think>`` when the turn was cut off) and
-    the text after it, which alone is parsed for tool calls and handed to the environment."""
-    close = text.find(_THINK_CLOSE)
-    if close < 0:
-        open_ = text.find(_THINK_OPEN)
-        if open_ < 0 or text[:open_].strip():
-            return None, text
-        return text[open_ + len(_THINK_OPEN) :].strip("\n"), ""
-    head = text[:close]
-    open_ = head.find(_THINK_OPEN)
-    reasoning = head[open_ + len(_THINK_OPEN) :] if open_ >= 0 else head
-    return reasoning.strip("\n"), text[close + len(_THINK_CLOSE) :].lstrip("\n")
-
-
-def _call_pair(call: dict[str, Any]) -> tuple[str, Any]:
-    fn = call.get("function", call)
-    args = fn.get("arguments")
-    if isinstance(args, str):
-        args, _ = decode_arguments(args)
-    return fn.get("name"), args or {}
-
-
-def _normalize(message: Message) -> Message:
-    """Copy of ``message`` safe for any template: ``None`` content -> ``""``, OpenAI-style JSON
-    string arguments -> dicts (templates ``tojson`` them)."""
-    m = dict(message)
-    if m.get("content") is None:
-        m["content"] = ""
-    if m.get("tool_calls"):
-        calls = copy.deepcopy(m["tool_calls"])
-        for c in calls:
-            fn = c.get("function", c)
-            if isinstance(fn.get("arguments"), str):
-                args, error = decode_arguments(fn["arguments"])
-                if error is not None:
-                    raise ValueError(
-                        f"tool call {fn.get('name')!r} has arguments {fn['arguments']!r}: {error}"
-                    )
-                fn["arguments"] = args
-        m["tool_calls"] = calls
-    return m
-
-
-class _Defuse:
-    """Replaces, in every string of a JSON-like value (dict keys too), each control token's
-    string by a placeholder ``<base><n>x`` (one per distinct string); ``hidden`` maps them back."""
-
-    def __init__(self, controls: re.Pattern[str], base: str):
-        self.controls, self.base = controls, base
-        self.slots: dict[str, str] = {}
-
-    def __call__(self, value: Any) -> Any:
-        return _map_strings(value, lambda s: self.controls.sub(self._slot, s))
-
-    def _slot(self, match: re.Match[str]) -> str:
-        token = match.group()
-        if token not in self.slots:
-            self.slots[token] = f"{self.base}{len(self.slots)}x"
-        return self.slots[token]
-
-    @property
-    def hidden(self) -> dict[str, str]:
-        return {p: t for t, p in self.slots.items()}
-
-
-def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
-    if isinstance(value, str):
-        return fn(value)
-    if isinstance(value, dict):
-        return {(fn(k) if isinstance(k, str) else k): _map_strings(v, fn) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_map_strings(v, fn) for v in value]
-    return value
-
-
-def _strings(value: Any):
-    """Every string in a JSON-like value, dict keys included."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            if isinstance(k, str):
-                yield k
-            yield from _strings(v)
-    elif isinstance(value, list | tuple):
-        for v in value:
-            yield from _strings(v)
-
-
-def _inline_reasoning(m: Message) -> bool:
-    content = m.get("content")
-    return (
-        m.get("role") == "assistant"
-        and m.get("reasoning_content") is None
-        and isinstance(content, str)
-        and _THINK_CLOSE in content
-    )
-
-
-def _split_inline_reasoning(m: Message) -> Message:
-    """``m`` with an inline ``<think>...</think>`` block moved to ``reasoning_content``, split the
-    way the Qwen3 template splits it (reasoning: before the first close tag, after the last open
-    tag before it; content: after the last close tag)."""
-    if not _inline_reasoning(m):
-        return m
-    content = m["content"]
-    parts = content.split(_THINK_CLOSE)
-    reasoning = parts[0].rstrip("\n").split(_THINK_OPEN)[-1].lstrip("\n")
-    return {**m, "content": parts[-1].lstrip("\n"), "reasoning_content": reasoning}

@@ -121,7 +121,7 @@ def test_shared_prefixes_give_unshared_results(model, kind, unroll):
     assert shared.stats["shared_tokens"] == 5 * 69 + 24
     total = shared.stats["prefill_tokens"] + shared.stats["shared_tokens"]
     assert total == plain.stats["prefill_tokens"]
-    assert not shared._entries and not shared._by_head and not shared._by_body  # all released
+    assert shared._prefixes.empty  # all released
 
 
 def test_forks_compile_nothing_after_warmup(model):
@@ -280,7 +280,7 @@ def test_cancelled_leader_followers_recover(model):
                     await asyncio.sleep(0.001)
                 tasks = [asyncio.create_task(member(i)) for i in range(3)]
                 if cancel:
-                    while not any(e.written for e in engine._entries.values()):
+                    while not any(e.written for e in engine._prefixes.entries.values()):
                         await asyncio.sleep(0.0005)
                     tasks[0].cancel()
                 done = await asyncio.gather(*tasks, return_exceptions=True)
