@@ -1,6 +1,6 @@
 """A ragged decode-attention kernel over the KV cache (Pallas), for one query per row.
 
-The reference decode step (``decoder._attend`` with ``T == 1``) scores every cached position of
+The reference decode step (``attention._attend`` with ``T == 1``) scores every cached position of
 the attention window for every row and masks the ones past the row's length, so a step costs the
 window, not the row's context, and XLA lowers it to several kernels per layer. This kernel runs one
 program per (row, KV head): it walks the row's own visible positions in blocks of ``block`` keys

@@ -123,7 +123,7 @@ def test_ragged_decode_kernel_matches_the_reference_decode():
     v = jnp.asarray(rng.normal(size=(B, K, S, Dh)), jnp.float32)
     visible = jnp.asarray([1, 5, 33, 48], jnp.int32)
     mask = jnp.arange(S)[None, None, :] < visible[:, None, None]  # [B 1 S]
-    from jaxrl_agents.models.decoder import _attend
+    from jaxrl_agents.models.attention import _attend
 
     want = np.asarray(_attend(q[:, None], k, v, mask))[:, 0]
     for k_t, kk in ((False, k), (True, jnp.swapaxes(k, 2, 3))):
@@ -150,10 +150,10 @@ def test_pallas_decode_through_the_engine_gives_the_same_tokens():
 
 def test_query_blocks_match_the_full_square(monkeypatch):
     """A cache-free forward longer than ``QUERY_BLOCK`` attends one query block at a time over
-    the keys up to the block's end (``decoder._attend_causal_blocks``): on packed rows of 300
+    the keys up to the block's end (``attention._attend_causal_blocks``): on packed rows of 300
     tokens (segments crossing block edges, padding) the logits and every gradient equal those of
     the one ``[T, T]`` square."""
-    import jaxrl_agents.models.decoder as dec
+    import jaxrl_agents.models.attention as att
 
     model = Transformer(ModelConfig(**BASE, attention="reference"), rngs=nnx.Rngs(0))
     seg = np.array([[1] * 100 + [2] * 150 + [3] * 40 + [0] * 10, [1] * 260 + [0] * 40], np.int32)
@@ -161,7 +161,7 @@ def test_query_blocks_match_the_full_square(monkeypatch):
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, 96, seg.shape), jnp.int32)
     pos, seg = jnp.asarray(pos), jnp.asarray(seg)
     valid = np.asarray(seg) != 0
-    assert dec.QUERY_BLOCK < 300 and 300 % dec.QUERY_BLOCK  # several blocks, a ragged last one
+    assert att.QUERY_BLOCK < 300 and 300 % att.QUERY_BLOCK  # several blocks, a ragged last one
 
     def loss(m):
         logits, _ = m(tokens, pos, segment_ids=seg)
@@ -173,7 +173,7 @@ def test_query_blocks_match_the_full_square(monkeypatch):
         return np.asarray(logits), nnx.state(nnx.grad(loss)(model), nnx.Param)
 
     blocked = run()
-    monkeypatch.setattr(dec, "QUERY_BLOCK", 1 << 20)
+    monkeypatch.setattr(att, "QUERY_BLOCK", 1 << 20)
     full = run()
     np.testing.assert_allclose(blocked[0][valid], full[0][valid], atol=2e-6, rtol=2e-6)
     for x, y in zip(jax.tree.leaves(full[1]), jax.tree.leaves(blocked[1]), strict=True):
