@@ -18,9 +18,15 @@ from jaxrl_agents.models.decoder import (
 )
 
 BASE = dict(
-    vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, model_type="qwen3", qk_norm=True,
-)  # fmt: skip
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    model_type="qwen3",
+    qk_norm=True,
+)
 
 
 def pair():
@@ -94,8 +100,7 @@ def test_cache_prefill_matches_the_reference_stacked_and_unrolled():
     for m in (model, fused):
         cache = init_cache(m.cfg, batch=B, max_len=S)
         _, cache = m(prior, jnp.tile(jnp.arange(3), (B, 1)), cache=cache)
-        logits, cache = m(tokens, 3 + jnp.tile(jnp.arange(T), (B, 1)), segment_ids=seg,
-                          cache=cache)  # fmt: skip
+        logits, cache = m(tokens, 3 + jnp.tile(jnp.arange(T), (B, 1)), segment_ids=seg, cache=cache)
         outs.append((np.asarray(logits), cache))
     valid = np.asarray(seg) != 0
     np.testing.assert_allclose(outs[1][0][valid], outs[0][0][valid], atol=2e-5, rtol=2e-5)
@@ -105,8 +110,9 @@ def test_cache_prefill_matches_the_reference_stacked_and_unrolled():
     for m in (model, fused):
         w = decode_weights(m)
         cache = init_layer_cache(m.cfg, batch=B, max_len=S)
-        h, _ = forward_unrolled(m.cfg, w, tokens, jnp.tile(jnp.arange(T), (B, 1)),
-                                segment_ids=seg, cache=cache)  # fmt: skip
+        h, _ = forward_unrolled(
+            m.cfg, w, tokens, jnp.tile(jnp.arange(T), (B, 1)), segment_ids=seg, cache=cache
+        )
         hs.append(np.asarray(h))
     np.testing.assert_allclose(hs[1][valid], hs[0][valid], atol=2e-5, rtol=2e-5)
 
