@@ -52,8 +52,11 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, *, block: int, k_t: bool, scale
         corr = jnp.exp(m - m_new)
         return m_new, l * corr + jnp.sum(p, axis=1), acc * corr[:, None] + jnp.dot(p, vb)
 
-    init = (jnp.full((G,), _NEG, jnp.float32), jnp.zeros((G,), jnp.float32),
-            jnp.zeros((G, Dh), jnp.float32))  # fmt: skip
+    init = (
+        jnp.full((G,), _NEG, jnp.float32),
+        jnp.zeros((G,), jnp.float32),
+        jnp.zeros((G, Dh), jnp.float32),
+    )
     _, l, acc = lax.fori_loop(0, pl.cdiv(n, block), body, init)
     o_ref[0, 0] = (acc / l[:, None]).astype(o_ref.dtype)
 
