@@ -2,8 +2,8 @@
 """Query-blocked causal attention vs the one ``[T, T]`` square, side by side in one run.
 
 The cache-free forward (SFT, RL scoring and updates) attends one block of
-``decoder.QUERY_BLOCK`` queries at a time over the keys up to the block's end
-(``decoder._attend_causal_blocks``), instead of the whole square. This script times the real
+``attention.QUERY_BLOCK`` queries at a time over the keys up to the block's end
+(``attention._attend_causal_blocks``), instead of the whole square. This script times the real
 jitted SFT train step of a model (chunked logprobs, AdamW, clipping) on rows of several lengths
 holding the same number of tokens, with the blocks (``blocked``) and with ``QUERY_BLOCK`` raised
 past the row length (``square``, the previous behaviour), the two alternating step by step. It
@@ -63,7 +63,7 @@ def bench(lengths: list[int], tokens: int, steps: int) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    import jaxrl_agents.models.decoder as dec
+    import jaxrl_agents.models.attention as att
     from jaxrl_agents.models import ModelConfig, Transformer
     from jaxrl_agents.training.objectives import sft_loss
     from jaxrl_agents.training.step import (
@@ -76,14 +76,14 @@ def bench(lengths: list[int], tokens: int, steps: int) -> dict:
     cfg = ModelConfig.from_hf_config(TINY).replace(attention="reference")
     graphdef, params, rest = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
     tx = OptimizerConfig(lr=1e-4).build()
-    block = dec.QUERY_BLOCK
+    block = att.QUERY_BLOCK
     out = {}
     for length in lengths:
         batch = jax.tree.map(jnp.asarray, batch_of(max(tokens // length, 1), length))
         extra = LossInputs(denom=jnp.sum(batch.loss_mask))
         progs = {}
         for name, qb in (("blocked", block), ("square", 1 << 30)):
-            dec.QUERY_BLOCK = qb  # read while tracing: each program keeps its own
+            att.QUERY_BLOCK = qb  # read while tracing: each program keeps its own
             step = make_train_step(graphdef, tx, sft_loss(chunk=64), rest=rest)
             state = init_train_state(jax.tree.map(jnp.copy, params), tx)
             state, m = step(state, batch, extra)  # compile
@@ -91,7 +91,7 @@ def bench(lengths: list[int], tokens: int, steps: int) -> dict:
             fwd = jax.jit(lambda p, b: nnx.merge(graphdef, p, rest)(
                 b.input_ids, b.positions, segment_ids=b.segment_ids)[0])  # fmt: skip
             progs[name] = [step, state, fwd(params, batch), []]
-        dec.QUERY_BLOCK = block
+        att.QUERY_BLOCK = block
         for _ in range(steps):
             for p in progs.values():
                 t = time.perf_counter()

@@ -1,6 +1,6 @@
 """A ragged decode-attention kernel over the KV cache (Pallas), for one query per row.
 
-The reference decode step (``decoder._attend`` with ``T == 1``) scores every cached position of
+The reference decode step (``attention._attend`` with ``T == 1``) scores every cached position of
 the attention window for every row and masks the ones past the row's length, so a step costs the
 window, not the row's context, and XLA lowers it to several kernels per layer. This kernel runs one
 program per (row, KV head): it walks the row's own visible positions in blocks of ``block`` keys
@@ -52,8 +52,11 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, *, block: int, k_t: bool, scale
         corr = jnp.exp(m - m_new)
         return m_new, l * corr + jnp.sum(p, axis=1), acc * corr[:, None] + jnp.dot(p, vb)
 
-    init = (jnp.full((G,), _NEG, jnp.float32), jnp.zeros((G,), jnp.float32),
-            jnp.zeros((G, Dh), jnp.float32))  # fmt: skip
+    init = (
+        jnp.full((G,), _NEG, jnp.float32),
+        jnp.zeros((G,), jnp.float32),
+        jnp.zeros((G, Dh), jnp.float32),
+    )
     _, l, acc = lax.fori_loop(0, pl.cdiv(n, block), body, init)
     o_ref[0, 0] = (acc / l[:, None]).astype(o_ref.dtype)
 

