@@ -2,11 +2,12 @@
 
 The package: the generated database (``database``), the read-only connections its tools query
 (``sandbox``), the question bank (``tasks``), the env (``env``) and its scripted policies
-(``scripted``).
+(``scripted``), registered here.
 """
 
 from __future__ import annotations
 
+from jaxrl_agents.envs.registry import register_scripted
 from jaxrl_agents.envs.sql.database import (
     CATEGORIES,
     CITIES,
@@ -30,6 +31,8 @@ from jaxrl_agents.envs.sql.tasks import DEFAULT_KINDS, QUESTION_KINDS, RANGE_QUE
 
 # The class's public path, as before the package: EnvBinding.label and the reports name it.
 SqlEnv.__module__ = __name__
+register_scripted(SqlEnv, "oracle", oracle_policy)
+register_scripted(SqlEnv, "wrong", wrong_policy)
 
 __all__ = [
     "CATEGORIES",
