@@ -19,9 +19,6 @@ from jaxrl_agents.envs.tools import ToolError
 _MAX_ABS = 1e15
 _MAX_LEN = 200
 
-
-# -- safe evaluation -----------------------------------------------------------------------------
-
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,

@@ -10,8 +10,6 @@ from typing import Any
 from jaxrl_agents.envs.sql.database import CATEGORIES, CITIES, MONTHS, database_path, generate_rows
 from jaxrl_agents.envs.sql.sandbox import connect_readonly
 
-# -- questions -----------------------------------------------------------------------------------
-
 # (kind, question template, SQL with :params, answer type)
 _QUESTIONS: tuple[tuple[str, str, str, str], ...] = (
     (
