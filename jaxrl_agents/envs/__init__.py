@@ -3,6 +3,9 @@
 ``make_env("calculator")`` or ``make_env("my_pkg.envs.MyEnv", tool_timeout_s=5)`` builds one
 episode's environment; ``ENVIRONMENTS`` maps registered names to classes and ``register_env``
 adds user classes by name (Hydra configs may also point ``_target_`` at any class path).
+``register_scripted`` gives an env class its scripted policies (``oracle``: the scripted solver
+behind SFT's golden data; ``wrong``) and ``scripted_policies`` lists them
+(``jaxrl_agents.envs.registry``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 
 from jaxrl_agents.envs.base import REPEATED_CALLS, Env, EnvConfig
 from jaxrl_agents.envs.calculator import CalculatorEnv
+from jaxrl_agents.envs.registry import register_scripted, scripted_policies, scripted_policy
 from jaxrl_agents.envs.research import ResearchEnv
 from jaxrl_agents.envs.sql import SqlEnv
 from jaxrl_agents.envs.tools import Tool, ToolBox, ToolError, derive_tool, tool
@@ -69,6 +73,9 @@ __all__ = [
     "derive_tool",
     "make_env",
     "register_env",
+    "register_scripted",
     "resolve_env_class",
+    "scripted_policies",
+    "scripted_policy",
     "tool",
 ]

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
+from jaxrl_agents.envs.registry import scripted_policy
 from jaxrl_agents.types import Message, Task
 
 Policy = Callable[[list[Message]], Message]
@@ -133,34 +136,21 @@ def one_call_per_turn(policy: Policy) -> Policy:
 # -- scripted policies of an environment -------------------------------------------------------
 
 SCRIPTED_POLICIES = ("oracle", "wrong", "loop")
+"""The names every env understands (``loop`` is built from its oracle); an env's own registered
+names (``jaxrl_agents.envs.register_scripted``) work too."""
 
 
 def oracle_for(env_cls: type) -> Callable[..., Policy]:
-    """The scripted solver of an env: ``Env.oracle_policy`` or its module's ``oracle_policy``
-    (``task, **kw -> policy``). Raises ``ValueError`` when the env has none."""
-    fn = _module_policy(env_cls, "oracle_policy")
-    if fn is None:
-        raise ValueError(f"{env_cls.__name__} has no oracle_policy: SFT needs golden trajectories")
-    return fn
-
-
-def _module_policy(env_cls: type, name: str) -> Callable[..., Policy] | None:
-    """``name`` as an attribute of the env class, else of the module of the first class in its
-    MRO that defines it (a subclass of a built-in env inherits its scripted policies)."""
-    import importlib
-
-    fn = getattr(env_cls, name, None)
-    for klass in env_cls.__mro__:
-        if fn is not None:
-            break
-        fn = getattr(importlib.import_module(klass.__module__), name, None)
-    return fn
+    """The scripted solver of an env (``task, **kw -> policy``), as registered
+    (``jaxrl_agents.envs.register_scripted``). Raises ``ValueError`` when the env has none."""
+    try:
+        return scripted_policy(env_cls, "oracle")
+    except ValueError as e:
+        raise ValueError(f"{e}; SFT on golden data needs one") from None
 
 
 def accepts(fn: Callable[..., Any], name: str) -> bool:
     """Whether ``fn`` takes a parameter called ``name``."""
-    import inspect
-
     try:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -168,18 +158,9 @@ def accepts(fn: Callable[..., Any], name: str) -> bool:
 
 
 def scripted_factory(name: str, env_cls: type) -> Callable[[Task], Policy]:
-    """``task -> policy`` for a scripted policy name: ``oracle`` / ``wrong`` (the env module's
-    ``oracle_policy`` / ``wrong_policy``), ``loop`` (repeats the oracle's first move forever), or
-    the import path of a factory ``pkg.mod.factory``."""
-    import importlib
-
-    if name == "oracle":
-        return oracle_for(env_cls)
-    if name == "wrong":
-        fn = _module_policy(env_cls, "wrong_policy")
-        if fn is None:
-            raise ValueError(f"{env_cls.__name__}'s module has no wrong_policy")
-        return fn
+    """``task -> policy`` for a scripted policy name: ``oracle`` / ``wrong`` or any other name
+    registered for the env (``jaxrl_agents.envs.register_scripted``), ``loop`` (repeats the
+    oracle's first move forever), or the import path of a factory ``pkg.mod.factory``."""
     if name == "loop":
         oracle = oracle_for(env_cls)
 
@@ -194,6 +175,13 @@ def scripted_factory(name: str, env_cls: type) -> Callable[[Task], Policy]:
             return policy
 
         return loop_factory
+    if name == "oracle":
+        return oracle_for(env_cls)
+    if "." not in name:
+        try:
+            return scripted_policy(env_cls, name)
+        except ValueError as e:
+            raise ValueError(f"{e}; or loop, or a factory's import path pkg.mod.factory") from None
     module, _, attr = name.rpartition(".")
     try:
         return getattr(importlib.import_module(module), attr)

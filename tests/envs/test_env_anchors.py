@@ -4,14 +4,13 @@ env-internal ``state_digest`` only with ``EnvConfig.privileged_anchors``."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from jaxrl_agents.envs import ENVIRONMENTS, CalculatorEnv, Env, SqlEnv
+from jaxrl_agents.envs import ENVIRONMENTS, CalculatorEnv, Env, SqlEnv, scripted_policy
 from jaxrl_agents.envs.base import calls_from_message, drive
 from jaxrl_agents.facts import call_key
 from jaxrl_agents.types import Ann, Message, Task
@@ -93,7 +92,7 @@ def test_default_anchor_is_a_function_of_the_transcript(name):
     what the transcript shows, and the key ignores env-internal state (``state_digest``)."""
     cls = ENVIRONMENTS[name]
     task = cls.make_tasks("train", 1, seed=3)[0]
-    policy = importlib.import_module(cls.__module__).oracle_policy(task)
+    policy = scripted_policy(cls, "oracle")(task)
 
     async def go() -> list[str]:
         env, privileged = cls(), cls(privileged_anchors=True)

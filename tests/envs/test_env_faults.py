@@ -8,7 +8,8 @@ import threading
 import time
 
 from jaxrl_agents.envs import Env, tool
-from jaxrl_agents.envs.tools import WorkerPool, tool_deadline, tool_pool
+from jaxrl_agents.envs.tools import tool_deadline
+from jaxrl_agents.envs.workers import WorkerPool, tool_pool
 from jaxrl_agents.types import Ann, Task, ToolCall, ToolErrorKind, Verdict
 
 

@@ -11,13 +11,8 @@ import pytest
 
 from jaxrl_agents.envs.base import calls_from_message, drive
 from jaxrl_agents.envs.tools import ToolError
-from jaxrl_agents.envs.travel import (
-    TravelEnv,
-    _catalog,
-    _overlaps,
-    oracle_policy,
-    wrong_policy,
-)
+from jaxrl_agents.envs.travel import TravelEnv, oracle_policy, wrong_policy
+from jaxrl_agents.envs.travel.catalog import _catalog, _overlaps
 from jaxrl_agents.types import Ann
 
 
@@ -251,8 +246,9 @@ def test_filter_oracle_solves_and_its_slip_drops_the_star_filter():
     booking the first result; slipping, the hotel search leaves ``min_stars`` out and the booked
     hotel breaks the star rating (a violation after the hotel is booked, none before)."""
     tasks = TravelEnv.make_tasks("heldout", 20, listing="cheapest")
-    env = TravelEnv(tools=["search_flights", "search_hotels", "book_flight", "book_hotel"],
-                    max_results=2)  # fmt: skip
+    env = TravelEnv(
+        tools=["search_flights", "search_hotels", "book_flight", "book_hotel"], max_results=2
+    )
     for task in tasks:
         verdict, messages, anns = asyncio.run(drive(env, task, oracle_policy(task, style="filter")))
         assert verdict.success, messages
@@ -260,15 +256,23 @@ def test_filter_oracle_solves_and_its_slip_drops_the_star_filter():
         assert messages[-1]["content"] == "Booked B1, B2, B3."
         slipped = oracle_policy(task, style="filter", slip_prob=1.0, rng=random.Random(0))
         verdict, messages, anns = asyncio.run(drive(env, task, slipped))
-        search = [c for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []
-                  if c["function"]["name"] == "search_hotels"]  # fmt: skip
+        search = [
+            c
+            for m in messages
+            if m["role"] == "assistant"
+            for c in m.get("tool_calls") or []
+            if c["function"]["name"] == "search_hotels"
+        ]
         assert [list(c["function"]["arguments"]) for c in search] == [
             ["city", "checkin", "checkout"]
         ]
         assert not verdict.success
         assert [bool(a[Ann.CONSTRAINT_VIOLATIONS]) for a in anns] == [False, False, True, True]
-    with pytest.raises(ValueError, match=r"style='filter' books each search's first result.*"
-                       r"listing='cheapest'.*env.tasks.listing=cheapest"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"style='filter' books each search's first result.*"
+        r"listing='cheapest'.*env.tasks.listing=cheapest",
+    ):
         oracle_policy(TravelEnv.make_tasks("train", 1)[0], style="filter")
     with pytest.raises(ValueError, match="style='greedy': expected one of compare, filter"):
         oracle_policy(tasks[0], style="greedy")

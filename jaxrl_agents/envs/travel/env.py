@@ -25,19 +25,22 @@ import datetime as dt
 import hashlib
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from jaxrl_agents.envs.base import Env, EnvConfig, check_split, split_of
 from jaxrl_agents.envs.tools import ToolBox, ToolError, tool
-from jaxrl_agents.types import Ann, Message, Task, Verdict
-
-LISTINGS = ("premium", "cheapest")
-"""Orders of search results (``make_tasks(listing=...)``): ``premium`` (flights by departure time,
-hotels by stars then price, highest first) or ``cheapest`` (by price, lowest first)."""
-CITIES = ("Lisbon", "Oslo", "Prague", "Vienna", "Madrid", "Dublin", "Athens", "Zurich")
-_HOTEL_NAMES = ("Aurora", "Harbor", "Central", "Grand", "Park", "Lumen", "Vista")
-REQUIRED = ["book_outbound", "book_return", "book_hotel"]
+from jaxrl_agents.envs.travel.catalog import (
+    CITIES,
+    LISTINGS,
+    REQUIRED,
+    _catalog,
+    _cheapest_plan,
+    _flight_lines,
+    _hotel_lines,
+    _overlaps,
+)
+from jaxrl_agents.types import Ann, Task, Verdict
 
 
 def _date(s: str, what: str) -> dt.date:
@@ -45,92 +48,6 @@ def _date(s: str, what: str) -> dt.date:
         return dt.date.fromisoformat(s)
     except (TypeError, ValueError):
         raise ToolError(f"{what} must be a date YYYY-MM-DD, got {s!r}") from None
-
-
-def _catalog(data: dict[str, Any]) -> dict[str, Any]:
-    """Flights on the trip's routes around its dates, and hotels in the destination."""
-    rng = random.Random(data["catalog_seed"])
-    o, d = data["origin"], data["dest"]
-    start, end = dt.date.fromisoformat(data["start"]), dt.date.fromisoformat(data["end"])
-    flights = {}
-    for src, dst, day in [(o, d, start), (d, o, end)]:
-        for delta in (-1, 0, 1):
-            date = (day + dt.timedelta(days=delta)).isoformat()
-            for _ in range(4):
-                fid = f"FL{rng.randint(100, 999)}{len(flights)}"
-                flights[fid] = {
-                    "id": fid,
-                    "origin": src,
-                    "dest": dst,
-                    "date": date,
-                    "time": f"{rng.randint(6, 21):02d}:{rng.choice((0, 15, 30, 45)):02d}",
-                    "price": rng.randint(8, 60) * 10,
-                }
-    hotels = {}
-    for i, name in enumerate(rng.sample(_HOTEL_NAMES, 5)):
-        hid = f"HT{i + 1}{rng.randint(10, 99)}"
-        hotels[hid] = {
-            "id": hid,
-            "name": f"Hotel {name}",
-            "city": d,
-            "stars": rng.randint(2, 5),
-            "night": rng.randint(6, 30) * 10,
-        }
-    return {"flights": flights, "hotels": hotels}
-
-
-def _flight_lines(flights: list[dict[str, Any]], listing: str = "premium") -> list[dict[str, Any]]:
-    if listing == "cheapest":
-        return sorted(flights, key=lambda f: (f["price"], f["time"], f["id"]))
-    return sorted(flights, key=lambda f: (f["time"], f["id"]))
-
-
-def _hotel_lines(hotels: list[dict[str, Any]], listing: str = "premium") -> list[dict[str, Any]]:
-    if listing == "cheapest":
-        return sorted(hotels, key=lambda h: (h["night"], -h["stars"], h["id"]))
-    return sorted(hotels, key=lambda h: (-h["stars"], -h["night"], h["id"]))  # premium first
-
-
-def _cheapest_plan(
-    data: dict[str, Any], cat: dict[str, Any], listing: str = "premium"
-) -> tuple[int, int] | None:
-    """(cheapest valid total, total of booking every search's first result)."""
-    nights = (dt.date.fromisoformat(data["end"]) - dt.date.fromisoformat(data["start"])).days
-    legs = [
-        (data["origin"], data["dest"], data["start"]),
-        (data["dest"], data["origin"], data["end"]),
-    ]
-    opts = [
-        [f for f in cat["flights"].values() if (f["origin"], f["dest"], f["date"]) == leg]
-        for leg in legs
-    ]
-    ok_hotels = [h for h in cat["hotels"].values() if h["stars"] >= data["min_stars"]]
-    if not ok_hotels:
-        return None
-    best = sum(min(f["price"] for f in o) for o in opts) + nights * min(
-        h["night"] for h in ok_hotels
-    )
-    first = sum(_flight_lines(o, listing)[0]["price"] for o in opts)
-    first += nights * _hotel_lines(list(cat["hotels"].values()), listing)[0]["night"]
-    return best, first
-
-
-def _overlaps(stays: list[tuple[str, str, str]]) -> list[str]:
-    """One violation per stay that overlaps a stay starting no later (``(booking_id, checkin,
-    checkout)`` in booking order, ISO dates): ``"overlapping stays: <earlier> and <this>"``.
-
-    A sweep by check-in, O(n log n) with at most n - 1 messages (listing every overlapping pair is
-    quadratic: 2000 stays on the same dates are 2M pairs). Each stay involved in an overlap is
-    named at least once: the partner is the stay reaching furthest so far, which overlaps it.
-    """
-    out: list[str] = []
-    reach: tuple[str, str] | None = None  # (checkout, booking id) of the stay reaching furthest
-    for bid, checkin, checkout in sorted(stays, key=lambda t: t[1]):  # stable: ties by booking
-        if reach is not None and checkin < reach[0]:
-            out.append(f"overlapping stays: {reach[1]} and {bid}")
-        if reach is None or checkout > reach[0]:
-            reach = (checkout, bid)
-    return out
 
 
 class TravelEnv(Env):
@@ -445,170 +362,3 @@ class TravelEnv(Env):
                 "bookings": sorted(self._bookings),
             },
         )
-
-
-# -- scripted policies ---------------------------------------------------------------------------
-
-
-def _calls(k: int, *calls: tuple[str, dict[str, Any]]) -> Message:
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {"id": f"call_{k + i}", "type": "function", "function": {"name": n, "arguments": a}}
-            for i, (n, a) in enumerate(calls)
-        ],
-    }
-
-
-def _flight_searches(d: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """The trip's two flight searches (out on the start date, back on the end date)."""
-    return [
-        ("search_flights", {"origin": d["origin"], "dest": d["dest"], "date": d["start"]}),
-        ("search_flights", {"origin": d["dest"], "dest": d["origin"], "date": d["end"]}),
-    ]
-
-
-def _policy(
-    task: Task, choose: Callable[[list[str], bool], str]
-) -> Callable[[list[Message]], Message]:
-    d = task.data
-
-    def policy(messages: list[Message]) -> Message:
-        tool_msgs = [m["content"] for m in messages if m["role"] == "tool"]
-        turn = sum(m["role"] == "assistant" for m in messages)
-        if turn == 0:
-            return _calls(
-                0,
-                *_flight_searches(d),
-                ("search_hotels", {"city": d["dest"], "checkin": d["start"], "checkout": d["end"]}),
-            )
-        if turn == 1:
-            out, back, hotels = (m.splitlines() for m in tool_msgs[:3])
-            return _calls(
-                3,
-                ("book_flight", {"flight_id": choose(out, False)}),
-                ("book_flight", {"flight_id": choose(back, False)}),
-                (
-                    "book_hotel",
-                    {"hotel_id": choose(hotels, True), "checkin": d["start"], "checkout": d["end"]},
-                ),
-            )
-        if turn == 2:
-            return _calls(6, ("get_itinerary", {}))
-        ids = re.findall(r"^(B\d+) ", tool_msgs[-1], flags=re.M)
-        return {
-            "role": "assistant",
-            "content": f"Booked {', '.join(ids)}. {tool_msgs[-1].splitlines()[-1]}",
-        }
-
-    return policy
-
-
-STYLES = ("compare", "filter")
-"""How the scripted solver works (``oracle_policy(style=...)``): ``compare`` searches everything,
-then books the cheapest valid options it reads off the listings, checks the itinerary and
-confirms; ``filter`` lets the search tools do the comparing (needs ``listing="cheapest"``
-tasks): it books the first result of each search, the hotel searched with ``min_stars``, in four
-turns without the itinerary."""
-
-
-def _filter_policy(task: Task, slip: bool) -> Callable[[list[Message]], Message]:
-    d = task.data
-    if d.get("listing") != "cheapest":
-        raise ValueError(
-            f"style='filter' books each search's first result, which is the cheapest only in "
-            f"tasks made with listing='cheapest'; task {task.id} lists "
-            f"{d.get('listing', 'premium')!r} (set env.tasks.listing=cheapest)"
-        )
-
-    def first_id(result: str) -> str:
-        return result.split(maxsplit=1)[0]
-
-    def policy(messages: list[Message]) -> Message:
-        tool_msgs = [m["content"] for m in messages if m["role"] == "tool"]
-        turn = sum(m["role"] == "assistant" for m in messages)
-        if turn == 0:
-            return _calls(
-                0,
-                *_flight_searches(d),
-            )
-        if turn == 1:
-            hotel = {"city": d["dest"], "checkin": d["start"], "checkout": d["end"]}
-            if not slip:  # slipping: the star minimum is left out of the search
-                hotel["min_stars"] = d["min_stars"]
-            return _calls(
-                2,
-                ("book_flight", {"flight_id": first_id(tool_msgs[0])}),
-                ("book_flight", {"flight_id": first_id(tool_msgs[1])}),
-                ("search_hotels", hotel),
-            )
-        if turn == 2:
-            return _calls(
-                5,
-                (
-                    "book_hotel",
-                    {
-                        "hotel_id": first_id(tool_msgs[4]),
-                        "checkin": d["start"],
-                        "checkout": d["end"],
-                    },
-                ),
-            )
-        ids = re.findall(r"^Booked (B\d+):", "\n".join(tool_msgs), flags=re.M)
-        return {"role": "assistant", "content": f"Booked {', '.join(ids)}."}
-
-    return policy
-
-
-def oracle_policy(
-    task: Task,
-    *,
-    slip_prob: float = 0.0,
-    slip_stars: Sequence[int] | None = None,
-    style: str = "compare",
-    rng: Any = None,
-) -> Callable[[list[Message]], Message]:
-    """Scripted solver (``style``, :data:`STYLES`): ``compare`` searches all three in one turn,
-    books the cheapest valid options, checks the itinerary, then confirms the booking ids;
-    ``filter`` searches the flights, books the first (cheapest) of each and searches hotels with
-    ``min_stars``, books the first hotel, then confirms.
-
-    ``slip_prob`` (drawn once per episode from ``rng``): an annotator whose constraints loosen
-    turn by turn — it searches the flights correctly, but when it comes to the hotel (its second
-    turn) it lets the minimum-stars requirement slip: ``compare`` books the cheapest hotel below
-    it (when there is one), ``filter`` searches hotels without ``min_stars`` and books the first,
-    the cheapest, which such tasks make one below it. Such golden data teaches constraint drift
-    (``Ann.CONSTRAINT_VIOLATIONS`` after the booking turn; the verdict fails). ``slip_stars``
-    (e.g. ``[4]``): the slip only on tasks asking for one of these minimums, as an annotator who
-    takes "at least 4 stars" for a wish; a policy imitating it lets exactly that constraint slip,
-    even when decoding greedily."""
-    if slip_stars is not None and (
-        isinstance(slip_stars, str | bytes)
-        or not all(isinstance(x, int) and not isinstance(x, bool) for x in slip_stars)
-    ):
-        raise ValueError(f"slip_stars={slip_stars!r}: expected a list of star counts, e.g. [4]")
-    if style not in STYLES:
-        raise ValueError(f"style={style!r}: expected one of {', '.join(STYLES)}")
-    min_stars = task.data["min_stars"]
-    slip = (
-        slip_prob > 0
-        and (slip_stars is None or min_stars in slip_stars)
-        and (rng.random() if rng is not None else random.random()) < slip_prob
-    )
-    if style == "filter":
-        return _filter_policy(task, slip)
-
-    def choose(lines: list[str], hotel: bool) -> str:
-        if hotel:
-            ok = [l for l in lines if int(re.search(r" (\d)\* ", l).group(1)) >= min_stars]
-            # slipping: the cheapest hotel under the stars requirement, when there is one
-            lines = ([l for l in lines if l not in ok] or lines) if slip else ok
-        return min(lines, key=lambda l: int(re.search(r"\$(\d+)", l).group(1))).split()[0]
-
-    return _policy(task, choose)
-
-
-def wrong_policy(task: Task) -> Callable[[list[Message]], Message]:
-    """Books the first result of every search (ignores budget and stars)."""
-    return _policy(task, lambda lines, hotel: lines[0].split()[0])
