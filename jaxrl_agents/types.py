@@ -1,8 +1,8 @@
 """Host-side records shared by every layer, and the glossary of array axis names.
 
 Host data (strings, ragged lists, tool calls) lives in the dataclasses here; fixed-shape device
-arrays live in NamedTuples next to the code that consumes them (``rollout.packing`` is the one
-module that converts between the two).
+arrays live in the NamedTuples of ``jaxrl_agents.batches`` (``rollout.packing`` is the one module
+that converts between the two).
 
 Axis glossary used in shape annotations across the package (``Float['B T V']`` style docstrings):
 

@@ -40,7 +40,7 @@ def batch_of(rows: int, length: int, *, seed: int = 0):
     """``rows`` rows of ``length`` tokens, each two packed segments and a little padding."""
     import numpy as np
 
-    from jaxrl_agents.rollout.packing import TrainBatch
+    from jaxrl_agents.batches import TrainBatch
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(3, TINY["vocab_size"], (rows, length)).astype(np.int32)

@@ -185,7 +185,8 @@ def bench(
     import numpy as np
 
     from jaxrl_agents.algos import LossConfig
-    from jaxrl_agents.rollout.packing import TrainBatch, bucket_for
+    from jaxrl_agents.batches import TrainBatch
+    from jaxrl_agents.rollout.packing import bucket_for
     from jaxrl_agents.training.objectives import rl_loss
     from jaxrl_agents.training.step import (
         LossInputs,

@@ -1,8 +1,8 @@
 """Policy losses (PPO-clip with clip-higher and dual-clip, GSPO, CISPO, vanilla PG), the clipped
 value loss, entropy bonus and KL term, with the four published loss-aggregation modes.
 
-All inputs are ``Float['B T']`` arrays aligned with ``rollout.packing.TrainBatch`` (position ``t``
-describes token ``t + 1``); only positions with ``loss_mask == 1`` contribute. Usage::
+All inputs are ``Float['B T']`` arrays aligned with ``batches.TrainBatch`` (position ``t`` describes
+token ``t + 1``); only positions with ``loss_mask == 1`` contribute. Usage::
 
     loss, metrics = policy_loss(logprobs=lp, old_logprobs=batch.old_logprobs,
                                 advantages=batch.advantages, loss_mask=batch.loss_mask, cfg=cfg)

@@ -28,15 +28,9 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from jaxrl_agents import distributed as D
+from jaxrl_agents.batches import EpisodeArrays, TrainBatch
 from jaxrl_agents.rollout.orchestrator import Orchestrator, RolloutConfig
-from jaxrl_agents.rollout.packing import (
-    EpisodeArrays,
-    TrainBatch,
-    bucket_for,
-    clear_loss,
-    pack_sft,
-    plan_rows,
-)
+from jaxrl_agents.rollout.packing import bucket_for, clear_loss, pack_sft, plan_rows
 from jaxrl_agents.rollout.packing import pack as pack_episodes
 from jaxrl_agents.types import EndReason, Task, Trajectory
 

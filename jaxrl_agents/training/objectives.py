@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_agents.rollout.packing import TrainBatch
+from jaxrl_agents.batches import TrainBatch
 from jaxrl_agents.training.logprobs import SamplingTransform, token_stats
 from jaxrl_agents.training.step import LossInputs
 

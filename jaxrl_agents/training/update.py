@@ -49,7 +49,7 @@ from jaxrl_agents.algos import (
     kl_reward,
 )
 from jaxrl_agents.algos.losses import rollout_correction
-from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch
+from jaxrl_agents.batches import EpisodeArrays, TrainBatch
 from jaxrl_agents.training.logprobs import SamplingTransform, normalize_transform, token_stats
 from jaxrl_agents.training.objectives import RLLossInputs, rl_loss
 from jaxrl_agents.training.step import TrainState, WithRest, train_step_fn

@@ -21,7 +21,7 @@ B, T, G = 8, 16, 4
 
 
 def _batch(seed):
-    from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch
+    from jaxrl_agents.batches import EpisodeArrays, TrainBatch
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(1, 32, (B, T + 1)).astype(np.int32)

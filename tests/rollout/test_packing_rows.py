@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from jaxrl_agents.batches import real_frac
 from jaxrl_agents.rollout.packing import (
     RowPlan,
     first_fit_decreasing,
     pack,
     plan_rows,
-    real_frac,
     row_ladder,
 )
 from jaxrl_agents.types import Ann, EndReason, Task, Trajectory, Turn

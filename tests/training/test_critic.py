@@ -8,8 +8,8 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_agents.algos import AdvantageConfig, LossConfig
+from jaxrl_agents.batches import EpisodeArrays, TrainBatch
 from jaxrl_agents.models import ModelConfig, Transformer
-from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch
 from jaxrl_agents.training.critic import attach_critic, has_critic, without_critic
 from jaxrl_agents.training.logprobs import token_stats
 from jaxrl_agents.training.step import OptimizerConfig, init_train_state

@@ -21,7 +21,7 @@ from jaxrl_agents.algos import (
     aggregation_denominator,
     compute_advantages,
 )
-from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch
+from jaxrl_agents.batches import EpisodeArrays, TrainBatch
 from jaxrl_agents.training.objectives import rl_loss
 from jaxrl_agents.training.step import (
     LossInputs,
