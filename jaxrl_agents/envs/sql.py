@@ -58,7 +58,7 @@ from jaxrl_agents.envs.base import (
     split_of,
 )
 from jaxrl_agents.envs.tools import ToolError, tool, tool_deadline
-from jaxrl_agents.types import Ann, Message, Task, Verdict
+from jaxrl_agents.types import Ann, Message, Task, ToolCallDict, Verdict
 
 SCHEMA_VERSION = 1
 CITIES = ("Avalon", "Brixton", "Corvel", "Dunmore", "Elston", "Fairhaven")
@@ -697,7 +697,7 @@ def file_sha256(path: Path) -> str:
 # -- scripted policies ---------------------------------------------------------------------------
 
 
-def _call(k: int, fn_name: str, **arguments: Any) -> dict[str, Any]:
+def _call(k: int, fn_name: str, **arguments: Any) -> ToolCallDict:
     function = {"name": fn_name, "arguments": arguments}
     return {"id": f"call_{k}", "type": "function", "function": function}
 
