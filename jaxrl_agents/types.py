@@ -30,7 +30,7 @@ import enum
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, TypedDict
 
 
 class ToolCallFunction(TypedDict):
@@ -50,18 +50,25 @@ class ToolCallDict(TypedDict):
     function: ToolCallFunction
 
 
-class Message(TypedDict):
+class _MessageKeys(TypedDict):
+    """The keys every :class:`Message` has."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+# The optional keys through total=False, not NotRequired[...]: under ``from __future__ import
+# annotations`` Python 3.11 would list NotRequired keys in ``__required_keys__``.
+class Message(_MessageKeys, total=False):
     """An OpenAI-style chat message: ``role`` in {system, user, assistant, tool}, ``content``
     (rendering reads a missing or None content as ""), and by role: ``tool_calls`` and
     ``reasoning_content`` (assistant: the calls it made, the reasoning a thinking template shows
     apart), ``tool_call_id`` / ``name`` (tool: the call answered, the tool's name)."""
 
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
-    tool_calls: NotRequired[list[ToolCallDict]]
-    reasoning_content: NotRequired[str]
-    tool_call_id: NotRequired[str]
-    name: NotRequired[str]
+    tool_calls: list[ToolCallDict]
+    reasoning_content: str
+    tool_call_id: str
+    name: str
 
 
 class EndReason(str, enum.Enum):  # noqa: UP042 (StrEnum would change str())
