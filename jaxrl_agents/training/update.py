@@ -48,7 +48,7 @@ from jaxrl_agents.algos import (
     compute_advantages,
     kl_reward,
 )
-from jaxrl_agents.algos.losses import rollout_correction
+from jaxrl_agents.algos.correction import rollout_correction
 from jaxrl_agents.batches import EpisodeArrays, TrainBatch
 from jaxrl_agents.training.logprobs import SamplingTransform, normalize_transform, token_stats
 from jaxrl_agents.training.objectives import RLLossInputs, rl_loss

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from jaxrl_agents.algos import LossConfig, kl_penalty, policy_loss
+from jaxrl_agents.algos.correction import IS_CORRECTIONS, rollout_correction
 from jaxrl_agents.algos.kl import K3_BOUND
-from jaxrl_agents.algos.losses import IS_CORRECTIONS, rollout_correction
 
 # -- one extreme token must not poison the gradient ------------------------------------------
 

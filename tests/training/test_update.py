@@ -153,7 +153,7 @@ def _learner_old(graphdef, rest, params, batch):
 
 @pytest.mark.parametrize("correction", ["none", "tis_token", "tis_seq", "mis_token", "mis_geo"])
 def test_update_with_mismatch_correction_matches_host_reference(correction):
-    from jaxrl_agents.algos.losses import rollout_correction
+    from jaxrl_agents.algos.correction import rollout_correction
     from jaxrl_agents.training.objectives import RLLossInputs
 
     model = ToyLM(rngs=nnx.Rngs(2))
