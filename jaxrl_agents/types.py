@@ -1,8 +1,8 @@
 """Host-side records shared by every layer, and the glossary of array axis names.
 
 Host data (strings, ragged lists, tool calls) lives in the dataclasses here; fixed-shape device
-arrays live in NamedTuples next to the code that consumes them (``rollout.packing`` is the one
-module that converts between the two).
+arrays live in the NamedTuples of ``jaxrl_agents.batches`` (``rollout.packing`` is the one module
+that converts between the two).
 
 Axis glossary used in shape annotations across the package (``Float['B T V']`` style docstrings):
 
@@ -19,7 +19,8 @@ Axis glossary used in shape annotations across the package (``Float['B T V']`` s
 =====  =====================================================================
 
 Messages are plain OpenAI-style dicts (``{"role": ..., "content": ..., "tool_calls": [...]}``) so
-they serialise to JSONL and feed Hugging Face chat templates without conversion.
+they serialise to JSONL and feed Hugging Face chat templates without conversion; :class:`Message`
+and :class:`ToolCallDict` type them (for annotations only: at run time they are ordinary dicts).
 """
 
 from __future__ import annotations
@@ -29,12 +30,45 @@ import enum
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
-Message = dict[str, Any]
-"""An OpenAI-style chat message: ``role`` in {system, user, assistant, tool}, ``content`` (str),
-optional ``tool_calls`` (assistant; OpenAI function-call dicts), ``tool_call_id`` / ``name``
-(tool)."""
+
+class ToolCallFunction(TypedDict):
+    """The ``function`` of a :class:`ToolCallDict`: the tool's name and its arguments, a dict (the
+    package's own messages) or a JSON string (OpenAI's wire form, decoded when rendered)."""
+
+    name: str
+    arguments: dict[str, Any] | str
+
+
+class ToolCallDict(TypedDict):
+    """One entry of an assistant message's ``tool_calls``, in OpenAI's function-call form
+    (``ToolCall.to_openai`` makes one; :class:`ToolCall` is the parsed record, with its error)."""
+
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
+class _MessageKeys(TypedDict):
+    """The keys every :class:`Message` has."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+# The optional keys through total=False, not NotRequired[...]: under ``from __future__ import
+# annotations`` Python 3.11 would list NotRequired keys in ``__required_keys__``.
+class Message(_MessageKeys, total=False):
+    """An OpenAI-style chat message: ``role`` in {system, user, assistant, tool}, ``content``
+    (rendering reads a missing or None content as ""), and by role: ``tool_calls`` and
+    ``reasoning_content`` (assistant: the calls it made, the reasoning a thinking template shows
+    apart), ``tool_call_id`` / ``name`` (tool: the call answered, the tool's name)."""
+
+    tool_calls: list[ToolCallDict]
+    reasoning_content: str
+    tool_call_id: str
+    name: str
 
 
 class EndReason(str, enum.Enum):  # noqa: UP042 (StrEnum would change str())
@@ -91,7 +125,7 @@ class ToolCall:
     raw: str = ""
     error: str | None = None
 
-    def to_openai(self) -> dict[str, Any]:
+    def to_openai(self) -> ToolCallDict:
         return {
             "id": self.id,
             "type": "function",

@@ -32,15 +32,19 @@ import bench_sampler  # noqa: E402  (scripts/ is on sys.path when a script runs)
 
 # the demo's tiny shape (bench_sampler's), with the shipped tokenizer's vocabulary and room for
 # the longest rows
-TINY = {**bench_sampler.TINY, "model_type": "qwen2", "vocab_size": 1280,
-        "max_position_embeddings": 4096}  # fmt: skip
+TINY = {
+    **bench_sampler.TINY,
+    "model_type": "qwen2",
+    "vocab_size": 1280,
+    "max_position_embeddings": 4096,
+}
 
 
 def batch_of(rows: int, length: int, *, seed: int = 0):
     """``rows`` rows of ``length`` tokens, each two packed segments and a little padding."""
     import numpy as np
 
-    from jaxrl_agents.rollout.packing import TrainBatch
+    from jaxrl_agents.batches import TrainBatch
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(3, TINY["vocab_size"], (rows, length)).astype(np.int32)
@@ -52,10 +56,16 @@ def batch_of(rows: int, length: int, *, seed: int = 0):
     pos = np.tile(pos, (rows, 1)).astype(np.int32)
     f = np.zeros((rows, length), np.float32)
     return TrainBatch(
-        input_ids=ids, positions=pos, segment_ids=seg, target_ids=np.roll(ids, -1, 1),
-        loss_mask=(seg > 0).astype(np.float32), old_logprobs=f, advantages=f, returns=f,
+        input_ids=ids,
+        positions=pos,
+        segment_ids=seg,
+        target_ids=np.roll(ids, -1, 1),
+        loss_mask=(seg > 0).astype(np.float32),
+        old_logprobs=f,
+        advantages=f,
+        returns=f,
         turn_ids=np.zeros((rows, length), np.int32),
-    )  # fmt: skip
+    )
 
 
 def bench(lengths: list[int], tokens: int, steps: int) -> dict:
@@ -88,8 +98,11 @@ def bench(lengths: list[int], tokens: int, steps: int) -> dict:
             state = init_train_state(jax.tree.map(jnp.copy, params), tx)
             state, m = step(state, batch, extra)  # compile
             jax.block_until_ready(m)
-            fwd = jax.jit(lambda p, b: nnx.merge(graphdef, p, rest)(
-                b.input_ids, b.positions, segment_ids=b.segment_ids)[0])  # fmt: skip
+            fwd = jax.jit(
+                lambda p, b: nnx.merge(graphdef, p, rest)(
+                    b.input_ids, b.positions, segment_ids=b.segment_ids
+                )[0]
+            )
             progs[name] = [step, state, fwd(params, batch), []]
         att.QUERY_BLOCK = block
         for _ in range(steps):
@@ -107,11 +120,14 @@ def bench(lengths: list[int], tokens: int, steps: int) -> dict:
             row[f"{name}_spread_s"] = [min(p[3]), max(p[3])]
         row["speedup"] = row["square_median_s"] / row["blocked_median_s"]
         out[str(length)] = row
-        print(f"T={length:5d} x {row['rows']:3d} rows: blocked {row['blocked_median_s']:.3f} s "
-              f"({row['blocked_spread_s'][0]:.3f}-{row['blocked_spread_s'][1]:.3f}), square "
-              f"{row['square_median_s']:.3f} s ({row['square_spread_s'][0]:.3f}-"
-              f"{row['square_spread_s'][1]:.3f}), {row['speedup']:.2f}x, max |logit diff| "
-              f"{diff:.1e}", flush=True)  # fmt: skip
+        print(
+            f"T={length:5d} x {row['rows']:3d} rows: blocked {row['blocked_median_s']:.3f} s "
+            f"({row['blocked_spread_s'][0]:.3f}-{row['blocked_spread_s'][1]:.3f}), square "
+            f"{row['square_median_s']:.3f} s ({row['square_spread_s'][0]:.3f}-"
+            f"{row['square_spread_s'][1]:.3f}), {row['speedup']:.2f}x, max |logit diff| "
+            f"{diff:.1e}",
+            flush=True,
+        )
     return out
 
 
@@ -126,8 +142,15 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = bench(args.lengths, args.tokens, args.steps)
     if args.json:
-        print(json.dumps({"machine": platform.processor() or platform.machine(),
-                          "backend": jax.default_backend(), "rows": rows}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "machine": platform.processor() or platform.machine(),
+                    "backend": jax.default_backend(),
+                    "rows": rows,
+                }
+            )
+        )
     return 0
 
 

@@ -92,7 +92,7 @@ def _model(args):
 def _batch(args, vocab: int):
     import numpy as np
 
-    from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch
+    from jaxrl_agents.batches import EpisodeArrays, TrainBatch
 
     rng = np.random.default_rng(0)
     R, T = args.rows, args.seq

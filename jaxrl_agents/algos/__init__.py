@@ -15,6 +15,12 @@ from jaxrl_agents.algos.advantages import (
     register_advantage,
     whiten,
 )
+from jaxrl_agents.algos.aggregation import (
+    AGG_MODES,
+    aggregate,
+    aggregation_denominator,
+    sequence_sum,
+)
 from jaxrl_agents.algos.batch_shaping import (
     DynamicSampler,
     ShapingStats,
@@ -25,15 +31,11 @@ from jaxrl_agents.algos.batch_shaping import (
 )
 from jaxrl_agents.algos.kl import KL_ESTIMATORS, kl_penalty, kl_reward
 from jaxrl_agents.algos.losses import (
-    AGG_MODES,
     POLICY_LOSSES,
     LossConfig,
     TokenLoss,
-    aggregate,
-    aggregation_denominator,
     policy_loss,
     register_policy_loss,
-    sequence_sum,
     value_loss,
 )
 

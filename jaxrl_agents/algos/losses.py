@@ -1,48 +1,24 @@
 """Policy losses (PPO-clip with clip-higher and dual-clip, GSPO, CISPO, vanilla PG), the clipped
-value loss, entropy bonus and KL term, with the four published loss-aggregation modes.
+value loss, entropy bonus and KL term, aggregated by one of the four published loss-aggregation
+modes (``algos.aggregation``, whose module docstring lists them, with packed rows and the
+log-ratio clamp).
 
-All inputs are ``Float['B T']`` arrays aligned with ``rollout.packing.TrainBatch`` (position ``t``
-describes token ``t + 1``); only positions with ``loss_mask == 1`` contribute. Usage::
+All inputs are ``Float['B T']`` arrays aligned with ``batches.TrainBatch`` (position ``t`` describes
+token ``t + 1``); only positions with ``loss_mask == 1`` contribute. Usage::
 
     loss, metrics = policy_loss(logprobs=lp, old_logprobs=batch.old_logprobs,
                                 advantages=batch.advantages, loss_mask=batch.loss_mask, cfg=cfg)
 
-Aggregation (``LossConfig.agg_mode``), with ``m`` the mask, ``n_i = sum_t m_it`` and ``S`` the
-number of sequences that have at least one sampled token:
+Packed rows: pass ``segment_ids`` and every per-sequence quantity is per segment, so a packed
+batch gives the same loss and gradients as one trajectory per row.
 
-* ``token-mean``               ``sum_it m x / sum_it m``                 (DAPO; every token equal)
-* ``seq-mean-token-sum``       ``sum_it m x / S``
-* ``seq-mean-token-mean``      ``(1/S) sum_i (sum_t m x) / n_i``        (original GRPO, GSPO)
-* ``seq-mean-token-sum-norm``  ``sum_it m x / (S * max_len)``           (Dr. GRPO's constant;
-  ``max_len`` = ``LossConfig.max_len_norm`` or ``T``. verl once divided by ``T`` only; the extra
-  ``1/S`` matches the Dr. GRPO paper's listing and is a constant factor for fixed batch size.)
-
-Every mode is ``numerator / denominator``; pass ``denominator=aggregation_denominator(full_mask,
-...)`` when a batch is split into micro-batches so the summed micro-batch losses equal the
-full-batch loss.
-
-Packed rows (``rollout.packing``): a row may hold several trajectories, told apart by
-``segment_ids`` (``1, 2, ...`` per row, 0 = padding). Pass ``segment_ids`` and every per-sequence
-quantity (``S``, ``n_i``, GSPO's sequence ratio, the ``*_seq`` / ``mis_geo`` corrections) is per
-segment, so a packed batch gives the same loss and gradients as one trajectory per row. Without
-``segment_ids`` a row is one sequence.
-
-Numerics: every importance log-ratio is clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` (20)
-before ``exp``, with the gradient flowing only inside the range (verl ``core_algos``
-``compute_policy_loss``: ``torch.clamp(negative_approx_kl, -20, 20)``), so one token whose old
-logprob is far below its new one cannot overflow ``exp`` and turn the whole gradient into NaN.
-
-Sampler/learner mismatch (``LossConfig.is_correction``; :func:`rollout_correction`): the rollout's
-behaviour logprobs ``mu`` come from the sampler (another dtype, kernels, or a stale policy); the
-learner recomputes ``pi_old`` at the step's starting weights. The PPO ratio then uses ``pi_old`` and
-the per-token loss is corrected with ``rho = pi_old / mu`` (verl's "rollout correction",
-``algorithm.rollout_correction``; F. Yao et al. 2025, "Your efficient RL framework secretly brings
-you off-policy RL training", fengyao.notion.site/off-policy-rl): truncated IS multiplies the
-per-token policy loss by ``min(rho, cap)``, masked IS drops the tokens (sequences) whose ``rho``
-leaves ``[1/cap, cap]``.
+Sampler/learner mismatch (``LossConfig.is_correction``): :func:`rollout_correction`
+(``algos.correction``) weights or masks the per-token loss by ``rho = pi_old / mu``.
 
 Deviation: the value loss uses the same aggregation mode (and denominator) as the policy loss, so
 micro-batch weighting stays consistent; published PPO code mostly uses token-mean for it.
+
+The aggregation and correction names stay importable from here.
 """
 
 from __future__ import annotations
@@ -50,20 +26,51 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from jaxrl_agents.algos.aggregation import (
+    AGG_MODES,
+    LOG_RATIO_BOUND,
+    aggregate,
+    aggregation_denominator,
+    clamp_log_ratio,
+    masked_mean,
+    sequence_sum,
+    sequence_table,
+)
+from jaxrl_agents.algos.correction import IS_CORRECTIONS, RolloutCorrection, rollout_correction
 from jaxrl_agents.algos.kl import KL_ESTIMATORS, kl_penalty
 
+__all__ = [
+    "AGG_MODES",
+    "IS_CORRECTIONS",
+    "LOG_RATIO_BOUND",
+    "POLICY_LOSSES",
+    "LossConfig",
+    "LossFn",
+    "RolloutCorrection",
+    "TokenLoss",
+    "aggregate",
+    "aggregation_denominator",
+    "clamp_log_ratio",
+    "cispo",
+    "gspo",
+    "masked_mean",
+    "policy_loss",
+    "ppo_clip",
+    "register_policy_loss",
+    "rollout_correction",
+    "sequence_sum",
+    "sequence_table",
+    "value_loss",
+    "vanilla_pg",
+]
+
 Array = jax.Array
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-IS_CORRECTIONS = ("none", "tis_token", "tis_seq", "mis_token", "mis_seq", "mis_geo")
-LOG_RATIO_BOUND = 20.0
-"""Importance log-ratios are clamped to +-this before exp (verl: 20; exp(20) ~ 4.9e8)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,95 +148,11 @@ class LossConfig:
             raise ValueError(f"is_cap={self.is_cap} must be > 1 (masking keeps [1/cap, cap])")
 
 
-# -- aggregation ------------------------------------------------------------------------------
-
-
-def sequence_table(x: Array, segment_ids: Array) -> tuple[Array, Array]:
-    """Per-sequence sums of ``x: Float['B T']`` over the sequences ``(row, segment id)`` of
-    ``segment_ids: Int['B T']``: ``(Float['B*(T+1)'] sums, Int['B T'] each position's entry)``.
-    Entry ``b*(T+1)`` collects row ``b``'s padding (segment 0)."""
-    B, T = x.shape
-    seg = jnp.clip(segment_ids, 0, T)
-    ids = jnp.arange(B, dtype=seg.dtype)[:, None] * (T + 1) + seg
-    tot = jax.ops.segment_sum(x.reshape(-1), ids.reshape(-1), num_segments=B * (T + 1))
-    return tot, ids
-
-
-def sequence_sum(x: Array, segment_ids: Array | None = None) -> Array:
-    """``Float['B T']``: at every position, the sum of ``x`` over its sequence (the row without
-    ``segment_ids``)."""
-    if segment_ids is None:
-        return jnp.broadcast_to(x.sum(-1, keepdims=True), x.shape)
-    tot, ids = sequence_table(x, segment_ids)
-    return tot[ids]
-
-
-def _num_seqs(mask: Array, segment_ids: Array | None = None) -> Array:
-    if segment_ids is None:
-        n = (mask.sum(-1) > 0).sum()
-    else:
-        n = (sequence_table(mask, segment_ids)[0] > 0).sum()
-    return jnp.maximum(n.astype(mask.dtype), 1.0)
-
-
-def aggregation_denominator(
-    mask: Array, mode: str, *, max_len: int | None = None, segment_ids: Array | None = None
-) -> Array:
-    """The scalar a mode divides by, for ``mask: Float['B T']`` (see the module docstring);
-    sequences are the segments of ``segment_ids`` when given, else the rows."""
-    if mode == "token-mean":
-        return jnp.maximum(mask.sum(), 1.0)
-    if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
-        return _num_seqs(mask, segment_ids)
-    if mode == "seq-mean-token-sum-norm":
-        return _num_seqs(mask, segment_ids) * float(max_len or mask.shape[-1])
-    raise ValueError(f"unknown agg_mode {mode!r}; valid: {', '.join(AGG_MODES)}")
-
-
-def aggregate(
-    x: Array,
-    mask: Array,
-    mode: str,
-    *,
-    max_len: int | None = None,
-    denominator: Array | None = None,
-    segment_ids: Array | None = None,
-) -> Array:
-    """Reduce per-token ``x: Float['B T']`` to a scalar by ``mode`` (only masked entries count);
-    sequences are the segments of ``segment_ids`` when given, else the rows."""
-    denom = (
-        aggregation_denominator(mask, mode, max_len=max_len, segment_ids=segment_ids)
-        if denominator is None
-        else denominator
-    )
-    xm = jnp.where(mask > 0, x, 0.0)
-    if mode == "seq-mean-token-mean":
-        if segment_ids is None:
-            num = (xm.sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).sum()
-        else:
-            sums, _ = sequence_table(xm, segment_ids)
-            counts, _ = sequence_table(mask, segment_ids)
-            num = (sums / jnp.maximum(counts, 1.0)).sum()
-    else:
-        num = xm.sum()
-    return num / denom
-
-
-def _masked_mean(x: Array, mask: Array) -> Array:
-    return jnp.where(mask > 0, x, 0.0).sum() / jnp.maximum(mask.sum(), 1.0)
-
-
-def clamp_log_ratio(log_ratio: Array) -> Array:
-    """``log_ratio`` clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]``; the gradient is the
-    identity inside the range and 0 outside (so ``exp`` of it is finite and so is its gradient)."""
-    return jnp.clip(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+# -- policy losses ----------------------------------------------------------------------------
 
 
 def _ratio(logprobs: Array, old_logprobs: Array) -> Array:
     return jnp.exp(clamp_log_ratio(logprobs - jax.lax.stop_gradient(old_logprobs)))
-
-
-# -- policy losses ----------------------------------------------------------------------------
 
 
 class TokenLoss(NamedTuple):
@@ -366,10 +289,14 @@ def policy_loss(
     those terms are present.
     """
     m = loss_mask
-    agg = lambda x: aggregate(
-        x, m, cfg.agg_mode, max_len=cfg.max_len_norm, denominator=denominator,
+    agg = functools.partial(
+        aggregate,
+        mask=m,
+        mode=cfg.agg_mode,
+        max_len=cfg.max_len_norm,
+        denominator=denominator,
         segment_ids=segment_ids,
-    )  # fmt: skip
+    )
     fn = POLICY_LOSSES[cfg.name]
     seg = {"segment_ids": segment_ids} if segment_ids is not None and _takes_segments(fn) else {}
     tok = fn(
@@ -388,9 +315,9 @@ def policy_loss(
     log_ratio = clamp_log_ratio(jax.lax.stop_gradient(logprobs - old_logprobs))
     metrics = {
         "pg_loss": pg,
-        "clip_frac": _masked_mean(tok.clipped.astype(m.dtype), m),
-        "approx_kl": _masked_mean(jnp.expm1(log_ratio) - log_ratio, m),
-        "ratio_mean": _masked_mean(ratio, m),
+        "clip_frac": masked_mean(tok.clipped.astype(m.dtype), m),
+        "approx_kl": masked_mean(jnp.expm1(log_ratio) - log_ratio, m),
+        "ratio_mean": masked_mean(ratio, m),
         "ratio_max": jnp.max(jnp.where(m > 0, ratio, -jnp.inf)),
     }
     loss = pg
@@ -414,88 +341,7 @@ def policy_loss(
         )
         vf = agg(vf_tok)
         metrics["vf_loss"] = jax.lax.stop_gradient(vf)
-        metrics["vf_clip_frac"] = _masked_mean(vf_clipped.astype(m.dtype), m)
+        metrics["vf_clip_frac"] = masked_mean(vf_clipped.astype(m.dtype), m)
         loss = loss + cfg.vf_coef * vf
     metrics["loss"] = jax.lax.stop_gradient(loss)
     return loss, metrics
-
-
-# -- sampler/learner mismatch -----------------------------------------------------------------
-
-
-class RolloutCorrection(NamedTuple):
-    """What :func:`rollout_correction` returns (``Float['B T']`` arrays, scalar diagnostics)."""
-
-    weights: Array | None
-    """Truncated-IS weights for the per-token policy loss (``tis_*``), else None."""
-    keep: Array | None
-    """1 where a token stays in the loss, 0 where masked IS drops it (``mis_*``), else None."""
-    weight_mean: Array
-    """Mean correction weight over the sampled tokens (the kept fraction for ``mis_*``; 1 for
-    ``none``)."""
-    truncated_frac: Array
-    """Fraction of sampled tokens whose weight was truncated at the cap (NaN unless ``tis_*``)."""
-    masked_frac: Array
-    """Fraction of sampled tokens dropped (NaN unless ``mis_*``)."""
-    mismatch_kl: Array
-    """k3 estimate of KL(mu || pi_old) from the behaviour samples, ``exp(l) - 1 - l`` with
-    ``l = log pi_old - log mu`` (clamped to +-20), token mean (verl's ``rollout_corr/k3_kl``)."""
-
-
-def rollout_correction(
-    old_logprobs: Array,
-    behaviour_logprobs: Array,
-    loss_mask: Array,
-    *,
-    mode: str,
-    cap: float,
-    segment_ids: Array | None = None,
-) -> RolloutCorrection:
-    """Importance correction between the sampler's behaviour policy ``mu`` and the learner's
-    ``pi_old`` (see ``LossConfig.is_correction``), following verl's ``rollout_corr_helper``.
-
-    ``log rho_t = log pi_old - log mu`` per sampled token; a sequence's ratio is the product
-    ``exp(sum_t log rho_t)`` (``*_seq``) or the geometric mean ``exp(mean_t log rho_t)``
-    (``mis_geo``), each log clamped to +-20 before ``exp``. Sequences are the segments of
-    ``segment_ids`` (packed rows), else the rows. No gradient flows.
-    """
-    if mode not in IS_CORRECTIONS:
-        raise ValueError(f"unknown is_correction {mode!r}; valid: {', '.join(IS_CORRECTIONS)}")
-    sg = jax.lax.stop_gradient
-    m = loss_mask
-    on = m > 0
-    lr = jnp.where(on, sg(old_logprobs) - sg(behaviour_logprobs), 0.0)
-    lr_c = clamp_log_ratio(lr)
-    nan = jnp.full((), jnp.nan, jnp.float32)
-    mismatch = _masked_mean(jnp.expm1(lr_c) - lr_c, m)
-    if mode == "none":
-        return RolloutCorrection(None, None, jnp.ones((), jnp.float32), nan, nan, mismatch)
-    if mode.endswith("_token"):
-        log_w = lr_c
-    elif mode.endswith("_seq"):
-        log_w = clamp_log_ratio(sequence_sum(lr, segment_ids))
-    else:  # mis_geo
-        n_tok = jnp.maximum(sequence_sum(m, segment_ids), 1.0)
-        log_w = clamp_log_ratio(sequence_sum(lr, segment_ids) / n_tok)
-    log_cap = math.log(cap)
-    if mode.startswith("tis"):
-        truncated = on & (log_w > log_cap)
-        w = jnp.where(on, jnp.minimum(jnp.exp(log_w), cap), 0.0)
-        return RolloutCorrection(
-            weights=w,
-            keep=None,
-            weight_mean=_masked_mean(w, m),
-            truncated_frac=_masked_mean(truncated.astype(m.dtype), m),
-            masked_frac=nan,
-            mismatch_kl=mismatch,
-        )
-    inside = (log_w >= -log_cap) & (log_w <= log_cap)
-    keep = jnp.where(on & inside, 1.0, 0.0).astype(m.dtype)
-    return RolloutCorrection(
-        weights=None,
-        keep=keep,
-        weight_mean=_masked_mean(keep, m),
-        truncated_frac=nan,
-        masked_frac=_masked_mean(1.0 - keep, m),
-        mismatch_kl=mismatch,
-    )

@@ -26,6 +26,8 @@ import functools
 import json
 from typing import Any
 
+from jaxrl_agents.types import Message
+
 TINY_CHAT_TEMPLATE = (
     "{%- if messages and messages[0].role == 'system' %}"
     "{%- set system = messages[0].content %}{%- set rest = messages[1:] %}"
@@ -190,7 +192,7 @@ def jinja_environment() -> Any:
 
 def render_template(
     template: str,
-    messages: list[dict[str, Any]],
+    messages: list[Message],
     *,
     tools: list[dict[str, Any]] | None = None,
     add_generation_prompt: bool = False,

@@ -10,13 +10,14 @@ error (``scripts/screenshot_report.py`` checks that).
 
 The first policy is the baseline: every other policy gets a side-by-side section against it
 (:func:`~jaxrl_agents.evaluation.compare.compare`).
+
+This module lays out the page and its tables; the stylesheet and HTML helpers are
+``evaluation.markup``, the trajectory blocks ``evaluation.trajectory_html``.
 """
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
-import html
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,166 +25,11 @@ from typing import Any
 
 from jaxrl_agents.evaluation import plots
 from jaxrl_agents.evaluation.compare import Comparison, compare
+from jaxrl_agents.evaluation.markup import CSS, delta, esc, html_table, img_png
 from jaxrl_agents.evaluation.metrics import evaluation_metrics, group_by_task
 from jaxrl_agents.evaluation.summary import FAILURE_MODES, failure_modes, primary_failure
+from jaxrl_agents.evaluation.trajectory_html import trajectory_html, trajectory_section
 from jaxrl_agents.types import Trajectory
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1200px;
-color:#222;line-height:1.35;padding:0 16px}
-h1{font-size:1.5em}h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:32px}
-table{border-collapse:collapse;margin:8px 0 16px;font-size:.9em}
-th,td{border:1px solid #ccc;padding:4px 8px;text-align:right;vertical-align:top}
-th{background:#f3f3f3}td.l,th.l{text-align:left}
-tr.best td{background:#fff6d5;font-weight:600}
-.pos{color:#0a7d32}.neg{color:#b3261e}.muted{color:#777}
-img{max-width:100%;border:1px solid #eee;margin:6px 0}
-details{border:1px solid #ddd;border-radius:4px;margin:6px 0;padding:4px 8px}
-details>summary{cursor:pointer}
-.ok{color:#0a7d32;font-weight:600}.fail{color:#b3261e;font-weight:600}
-.msg{margin:4px 0;padding:4px 8px;border-left:4px solid #bbb;white-space:pre-wrap;
-font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.85em;overflow-wrap:anywhere}
-.role-system{border-color:#999;background:#fafafa}.role-user{border-color:#1f6feb}
-.role-assistant{border-color:#8250df}.role-tool{border-color:#bf8700;background:#fffbea}
-.tool-call{display:block;background:#efe6ff;border:1px solid #c9b3ff;border-radius:3px;
-padding:2px 6px;margin:3px 0}
-.tool-error{background:#ffe9e7;border-color:#b3261e}
-.ann{font-size:.8em;color:#555;font-family:ui-monospace,Menlo,monospace}
-.tag{display:inline-block;background:#eee;border-radius:3px;padding:0 5px;margin:0 2px;
-font-size:.8em}.tag.bad{background:#ffe1de;color:#8a1c14}
-.side{display:grid;grid-template-columns:1fr 1fr;gap:12px}
-"""
-
-
-# -- small HTML helpers ----------------------------------------------------------------------------
-
-
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def _num(x: Any, digits: int = 3) -> str:
-    if isinstance(x, bool) or x is None:
-        return _e(x)
-    if isinstance(x, float):
-        return f"{x:.{digits}f}"
-    return _e(x)
-
-
-def _table(
-    header: Sequence[str],
-    rows: Sequence[Sequence[Any]],
-    *,
-    left: int = 1,
-    row_class: Sequence[str] | None = None,
-) -> str:
-    """``left``: number of leading text columns (left-aligned); cells are escaped unless they are
-    already markup (``_Raw``)."""
-
-    def cell(tag: str, i: int, v: Any) -> str:
-        cls = ' class="l"' if i < left else ""
-        body = v.html if isinstance(v, _Raw) else _num(v)
-        return f"<{tag}{cls}>{body}</{tag}>"
-
-    head = "".join(cell("th", i, h) for i, h in enumerate(header))
-    body = []
-    for r, row in enumerate(rows):
-        cls = f' class="{row_class[r]}"' if row_class and row_class[r] else ""
-        body.append(f"<tr{cls}>" + "".join(cell("td", i, v) for i, v in enumerate(row)) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-class _Raw:
-    def __init__(self, html_text: str):
-        self.html = html_text
-
-
-def _img(png: bytes, alt: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{data}">'
-
-
-def _delta(d: float | int, *, lower_is_better: bool = True) -> _Raw:
-    if d == 0:
-        return _Raw('<span class="muted">0</span>')
-    good = (d < 0) == lower_is_better
-    text = f"{d:+.3f}" if isinstance(d, float) else f"{d:+d}"
-    return _Raw(f'<span class="{"pos" if good else "neg"}">{text}</span>')
-
-
-# -- trajectories --------------------------------------------------------------------------------
-
-
-def _tool_call_html(call: dict[str, Any], error: str | None = None) -> str:
-    fn = call.get("function", call)
-    args = fn.get("arguments", {})
-    args_text = args if isinstance(args, str) else json.dumps(args, default=str)
-    cls = "tool-call tool-error" if error else "tool-call"
-    err = f' <span class="tag bad">{_e(error)}</span>' if error else ""
-    return f'<span class="{cls}">&#9881; {_e(fn.get("name", "?"))}({_e(args_text)}){err}</span>'
-
-
-def trajectory_html(traj: Trajectory, *, title: str | None = None, open_: bool = False) -> str:
-    """One trajectory as a collapsible block: verdict line, then every message; assistant turns
-    show their tool calls (errors in red), sampler finish reason and env annotations."""
-    modes = [k for k, v in failure_modes(traj).items() if v]
-    cause = primary_failure(traj)
-    status = '<span class="ok">success</span>' if traj.success else '<span class="fail">fail</span>'
-    tags = "".join(f'<span class="tag bad">{_e(m)}</span>' for m in modes)
-    head = (
-        f"{status} {_e(title or traj.task.id)} <span class='muted'>· {_e(traj.end_reason.value)} · "
-        f"{len(traj.turns)} turns · {len(traj.tool_calls)} calls · reward {traj.reward:.3f}"
-        f"{' · cause: ' + _e(cause) if cause else ''}</span> {tags}"
-    )
-    parts = [f"<details{' open' if open_ else ''}><summary>{head}</summary>"]
-    info = {k: v for k, v in traj.info.items() if k in ("expected", "answer", "missing_steps")}
-    if info:
-        parts.append(f'<div class="ann">verdict: {_e(json.dumps(info, default=str))}</div>')
-    turn_i = 0
-    errors = {r.call.id: r.error_kind.value for r in traj.tool_results if not r.ok and r.call.id}
-    for msg in traj.messages:
-        role = str(msg.get("role", "?"))
-        body = _e(msg.get("content") or "")
-        if role == "assistant":
-            turn = traj.turns[turn_i] if turn_i < len(traj.turns) else None
-            turn_i += 1
-            # Malformed calls never reach the message's tool_calls: show them from the turn.
-            bad = [c for c in (turn.tool_calls if turn else []) if c.error is not None]
-            calls = "".join(
-                _tool_call_html(c, errors.get(c.get("id", ""))) for c in msg.get("tool_calls") or []
-            ) + "".join(
-                _tool_call_html(
-                    {"name": c.name or "?", "arguments": c.raw}, f"malformed: {c.error}"
-                )
-                for c in bad
-            )
-            body += calls
-            if turn is not None:
-                ann = {k: v for k, v in turn.annotations.items() if k != "state_key"}
-                body += (
-                    f'<div class="ann">turn {turn.index} · finish={_e(turn.finish_reason)} · '
-                    f"tokens={turn.end - turn.start} · {_e(json.dumps(ann, default=str))}</div>"
-                )
-        cls = f"msg role-{_e(role)}"
-        if role == "tool" and msg.get("tool_call_id") in errors:
-            cls += " tool-error"
-        parts.append(f'<div class="{cls}"><b>{_e(role)}</b>\n{body}</div>')
-    if traj.error:
-        parts.append(f'<div class="msg tool-error">{_e(traj.error)}</div>')
-    parts.append("</details>")
-    return "".join(parts)
-
-
-def _trajectory_section(name: str, trajs: Sequence[Trajectory], limit: int) -> str:
-    # Failures first (the interesting ones), then successes; one sample per task.
-    firsts = [g[0] for g in group_by_task(trajs).values()]
-    picked = sorted(firsts, key=lambda t: t.success)[:limit]
-    blocks = "".join(trajectory_html(t) for t in picked)
-    return (
-        f"<details><summary><b>{_e(name)}</b>: {len(picked)} of {len(firsts)} tasks "
-        f"(failures first)</summary>{blocks}</details>"
-    )
-
 
 # -- the report ----------------------------------------------------------------------------------
 
@@ -223,13 +69,33 @@ def build_report(
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{_e(title)}</h1>",
-        _table(["setting", "value"], [(k, _short(v)) for k, v in meta.items()], left=2),
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{esc(title)}</h1>",
+        html_table(["setting", "value"], [(k, _short(v)) for k, v in meta.items()], left=2),
+        *_policy_sections(names, results, metrics, ks),
+    ]
+    for cmp in comparisons:
+        out.append(_comparison_section(cmp))
+    if snapshots:
+        out.append(_snapshot_section(snapshots))
+    out.append("<h2>Trajectories</h2>")
+    out.extend(trajectory_section(n, results[n], max_trajectories) for n in names)
+    out.append("</body></html>")
+    return "\n".join(out), data
+
+
+def _policy_sections(
+    names: list[str],
+    results: Mapping[str, Sequence[Trajectory]],
+    metrics: dict[str, dict],
+    ks: Sequence[int],
+) -> list[str]:
+    """The sections over all policies: summary, failure taxonomy, termination and effort."""
+    return [
         "<h2>Summary</h2>",
         _summary_table(names, metrics, ks),
         _slices_table(names, metrics),
-        _img(
+        img_png(
             plots.success_bars(
                 names,
                 [metrics[n]["success"] for n in names],
@@ -241,7 +107,7 @@ def build_report(
         "<p>Flags are multi-label (counts of trajectories showing the mode); the primary cause "
         "assigns each failed trajectory exactly one mode.</p>",
         _modes_table(names, metrics),
-        _img(
+        img_png(
             plots.grouped_rates(
                 "failure modes (share of trajectories)",
                 names,
@@ -254,7 +120,7 @@ def build_report(
         _counts_table("primary cause of failure", names, metrics, "primary_failures"),
         "<h2>Termination reasons and effort</h2>",
         _counts_table("end reason", names, metrics, "end_reasons"),
-        _img(
+        img_png(
             plots.grouped_rates(
                 "termination reasons",
                 names,
@@ -263,7 +129,7 @@ def build_report(
             ),
             "termination reasons per policy",
         ),
-        _img(
+        img_png(
             plots.effort_histograms(
                 names,
                 [[len(t.turns) for t in results[n]] for n in names],
@@ -273,14 +139,6 @@ def build_report(
         ),
         _reward_table(names, metrics),
     ]
-    for cmp in comparisons:
-        out.append(_comparison_section(cmp))
-    if snapshots:
-        out.append(_snapshot_section(snapshots))
-    out.append("<h2>Trajectories</h2>")
-    out.extend(_trajectory_section(n, results[n], max_trajectories) for n in names)
-    out.append("</body></html>")
-    return "\n".join(out), data
 
 
 def write_report(out_dir: str | Path, html_text: str, data: Mapping[str, Any]) -> tuple[Path, Path]:
@@ -348,7 +206,7 @@ def _summary_table(names: list[str], metrics: dict[str, dict], ks: Sequence[int]
                 m["mean_reward"],
             ]
         )
-    return _table(header, rows)
+    return html_table(header, rows)
 
 
 def _slices_table(names: list[str], metrics: dict[str, dict]) -> str:
@@ -364,7 +222,7 @@ def _slices_table(names: list[str], metrics: dict[str, dict]) -> str:
         [k, *[cell(metrics[n]["slices"][k]) if k in metrics[n]["slices"] else "–" for n in names]]
         for k in keys
     ]
-    return "<h3>Success by slice (95% CI, episodes)</h3>" + _table(["slice", *names], rows)
+    return "<h3>Success by slice (95% CI, episodes)</h3>" + html_table(["slice", *names], rows)
 
 
 def _modes_table(names: list[str], metrics: dict[str, dict]) -> str:
@@ -373,15 +231,17 @@ def _modes_table(names: list[str], metrics: dict[str, dict]) -> str:
     rows = []
     for mode in FAILURE_MODES:
         counts = [metrics[n]["failure_modes"].get(mode, 0) for n in names]
-        rows.append([mode, *counts, *[_delta(c - counts[0]) for c in counts[1:]]])
-    return _table(header, rows)
+        rows.append([mode, *counts, *[delta(c - counts[0]) for c in counts[1:]]])
+    return html_table(header, rows)
 
 
 def _counts_table(label: str, names: list[str], metrics: dict[str, dict], key: str) -> str:
     keys = sorted({k for n in names for k in metrics[n][key]})
     if not keys:
-        return f"<p class='muted'>{_e(label)}: none</p>"
-    return _table([label, *names], [[k, *[metrics[n][key].get(k, 0) for n in names]] for k in keys])
+        return f"<p class='muted'>{esc(label)}: none</p>"
+    return html_table(
+        [label, *names], [[k, *[metrics[n][key].get(k, 0) for n in names]] for k in keys]
+    )
 
 
 def _reward_table(names: list[str], metrics: dict[str, dict]) -> str:
@@ -393,14 +253,14 @@ def _reward_table(names: list[str], metrics: dict[str, dict]) -> str:
             s = metrics[n]["reward_term_stats"].get(term)
             cells.append(f"{s['mean']:+.3f} ± {s['std']:.3f}" if s else "–")
         rows.append([term, *cells])
-    return "<h3>Reward terms (mean ± std per trajectory)</h3>" + _table(["term", *names], rows)
+    return "<h3>Reward terms (mean ± std per trajectory)</h3>" + html_table(["term", *names], rows)
 
 
 def _comparison_section(cmp: Comparison) -> str:
     a, b = cmp.names
     parts = [
-        f"<h2>Side by side: {_e(a)} → {_e(b)}</h2>",
-        _table(
+        f"<h2>Side by side: {esc(a)} → {esc(b)}</h2>",
+        html_table(
             [
                 "tasks",
                 "gained (fail→solve)",
@@ -417,24 +277,24 @@ def _comparison_section(cmp: Comparison) -> str:
                     len(cmp.lost),
                     cmp.both_solved,
                     cmp.neither_solved,
-                    _delta(cmp.success_delta, lower_is_better=False),
+                    delta(cmp.success_delta, lower_is_better=False),
                     f"{cmp.mcnemar_p:.2g}",
                 ]
             ],
             left=0,
         ),
-        f"<p><b>gained</b>: {_e(', '.join(cmp.gained) or 'none')}</p>",
-        f"<p><b>lost</b>: {_e(', '.join(cmp.lost) or 'none')}</p>",
-        _table(
+        f"<p><b>gained</b>: {esc(', '.join(cmp.gained) or 'none')}</p>",
+        f"<p><b>lost</b>: {esc(', '.join(cmp.lost) or 'none')}</p>",
+        html_table(
             ["failure mode", a, b, "Δ"],
-            [[m, na, nb, _delta(nb - na)] for m, (na, nb) in cmp.mode_counts.items()],
+            [[m, na, nb, delta(nb - na)] for m, (na, nb) in cmp.mode_counts.items()],
         ),
     ]
     for p in cmp.pairs:
         parts.append(
-            f"<details><summary>{_e(p.direction)}: {_e(p.task_id)}</summary><div class='side'>"
-            f"<div><b>{_e(a)}</b>{trajectory_html(p.a, open_=True)}</div>"
-            f"<div><b>{_e(b)}</b>{trajectory_html(p.b, open_=True)}</div></div></details>"
+            f"<details><summary>{esc(p.direction)}: {esc(p.task_id)}</summary><div class='side'>"
+            f"<div><b>{esc(a)}</b>{trajectory_html(p.a, open_=True)}</div>"
+            f"<div><b>{esc(b)}</b>{trajectory_html(p.b, open_=True)}</div></div></details>"
         )
     return "".join(parts)
 
@@ -449,7 +309,7 @@ def _snapshot_section(rows: Sequence[Mapping[str, Any]]) -> str:
         best_step=int(best["step"]) if best else -1,
         marks={int(r["step"]): str(r["label"]) for r in rows if r.get("label") == "sft"},
     )
-    table = _table(
+    table = html_table(
         ["step", "checkpoint", "success", "95% CI", "reward", "best"],
         [
             [
@@ -465,4 +325,4 @@ def _snapshot_section(rows: Sequence[Mapping[str, Any]]) -> str:
         left=0,
         row_class=["best" if r.get("best") else "" for r in rows],
     )
-    return "<h2>Snapshot selection</h2>" + _img(png, "held-out success per checkpoint") + table
+    return "<h2>Snapshot selection</h2>" + img_png(png, "held-out success per checkpoint") + table

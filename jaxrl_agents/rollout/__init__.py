@@ -3,19 +3,17 @@ model-free scripted engine and scripted policies, and packing into fixed-shape d
 
 from jaxrl_agents.rollout.collector import Collector, DeviceBatch, Rollout
 from jaxrl_agents.rollout.orchestrator import Orchestrator, RolloutConfig, episode_seed
-from jaxrl_agents.rollout.packing import EpisodeArrays, Packed, TrainBatch, pack, pack_sft
+from jaxrl_agents.rollout.packing import Packed, pack, pack_sft
 from jaxrl_agents.rollout.scripted import ScriptedEngine
 
 __all__ = [
     "Collector",
     "DeviceBatch",
     "Rollout",
-    "EpisodeArrays",
     "Orchestrator",
     "Packed",
     "RolloutConfig",
     "ScriptedEngine",
-    "TrainBatch",
     "episode_seed",
     "pack",
     "pack_sft",

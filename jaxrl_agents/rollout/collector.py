@@ -28,15 +28,9 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from jaxrl_agents import distributed as D
+from jaxrl_agents.batches import EpisodeArrays, TrainBatch
 from jaxrl_agents.rollout.orchestrator import Orchestrator, RolloutConfig
-from jaxrl_agents.rollout.packing import (
-    EpisodeArrays,
-    TrainBatch,
-    bucket_for,
-    clear_loss,
-    pack_sft,
-    plan_rows,
-)
+from jaxrl_agents.rollout.packing import bucket_for, clear_loss, pack_sft, plan_rows
 from jaxrl_agents.rollout.packing import pack as pack_episodes
 from jaxrl_agents.types import EndReason, Task, Trajectory
 
@@ -233,10 +227,13 @@ class Collector:
         keep = [trainable(t) for t in roll.trajectories]
         pad = [self.chat.pad_id]
         trajs = [
-            t if ok else dataclasses.replace(t, token_ids=pad, loss_mask=[0], logprobs=[0.0],
-                                             turns=[], reward=0.0)
+            t
+            if ok
+            else dataclasses.replace(
+                t, token_ids=pad, loss_mask=[0], logprobs=[0.0], turns=[], reward=0.0
+            )
             for t, ok in zip(roll.trajectories, keep, strict=True)
-        ]  # fmt: skip
+        ]
         if len(trajs) > rows:
             raise ValueError(f"{len(trajs)} episodes do not fit the {rows} episode slots")
         lengths = np.zeros((rows,), np.int64)
@@ -245,15 +242,21 @@ class Collector:
         buckets, plan = list(self.seq_buckets), None
         if pack:
             plan = plan_rows(
-                [list(q) for q in everyone], buckets=buckets,
-                multiple=self.row_multiple(row_multiple), max_rows=rows,
-            )  # fmt: skip
+                [list(q) for q in everyone],
+                buckets=buckets,
+                multiple=self.row_multiple(row_multiple),
+                max_rows=rows,
+            )
         else:  # one bucket agreed by every process
             buckets = [bucket_for(max(int(everyone.max()), 1), self.seq_buckets)]
         packed = pack_episodes(
-            trajs, buckets=buckets, batch_size=rows, max_turns=max_turns,
-            pad_id=self.chat.pad_id, rows=plan,
-        )  # fmt: skip
+            trajs,
+            buckets=buckets,
+            batch_size=rows,
+            max_turns=max_turns,
+            pad_id=self.chat.pad_id,
+            rows=plan,
+        )
         b, ep = packed.batch, packed.episodes
         out = [i for i, ok in enumerate(keep) if not ok]
         if out:  # no positions, singleton groups: no loss, no share in any group baseline
@@ -278,9 +281,11 @@ class Collector:
         )
         clear_loss(packed, range(len(trajs)) if no_loss else long)
         real = int((b.segment_ids > 0).sum())
-        counts = D.gather_rows(np.array(
-            [packed.truncated, b.loss_mask.sum(), len(out), len(long), real, b.input_ids.size]
-        ))  # fmt: skip
+        counts = D.gather_rows(
+            np.array(
+                [packed.truncated, b.loss_mask.sum(), len(out), len(long), real, b.input_ids.size]
+            )
+        )
         return DeviceBatch(
             D.place(b, self.sharding),
             D.place(ep, self.sharding),
@@ -315,9 +320,11 @@ class Collector:
             for q in range(jax.process_count())
         ]
         plan = plan_rows(
-            parts, buckets=self.seq_buckets, multiple=self.row_multiple(row_multiple),
+            parts,
+            buckets=self.seq_buckets,
+            multiple=self.row_multiple(row_multiple),
             max_rows=size,
-        )  # fmt: skip
+        )
         batch, _ = pack_sft(
             rows[share], buckets=self.seq_buckets, pad_id=self.chat.pad_id, rows=plan
         )

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxrl_agents.envs.registry import scripted_policy
-from jaxrl_agents.types import Message, Task
+from jaxrl_agents.types import Message, Task, ToolCallDict
 
 Policy = Callable[[list[Message]], Message]
 
@@ -106,7 +106,7 @@ def one_call_per_turn(policy: Policy) -> Policy:
     raises on more): a turn with k calls is issued as k consecutive one-call turns (the content
     goes with the first), and the wrapped policy sees the history as if it had made them in one
     turn, so its own turn counting is unchanged. The env answers each call as it would have."""
-    pending: list[dict] = []
+    pending: list[ToolCallDict] = []
     continued: set[int] = set()  # positions of the assistant messages that continue a split turn
 
     def view(messages: list[Message]) -> list[Message]:

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_agents.rollout.packing import TrainBatch
+from jaxrl_agents.batches import TrainBatch
 from jaxrl_agents.training.logprobs import SamplingTransform, token_stats
 from jaxrl_agents.training.step import LossInputs
 
@@ -32,12 +32,26 @@ class RLLossInputs(NamedTuple):
     """Float['B T']: the critic's values at the step's starting weights (clipped value loss)."""
 
 
-def _stats(model, mb: TrainBatch, *, chunk: int, with_entropy: bool, sampling=None,
-           with_values: bool = False):  # fmt: skip
+def _stats(
+    model,
+    mb: TrainBatch,
+    *,
+    chunk: int,
+    with_entropy: bool,
+    sampling=None,
+    with_values: bool = False,
+):
     return token_stats(
-        model, mb.input_ids, mb.positions, mb.segment_ids, mb.target_ids,
-        chunk=chunk, with_entropy=with_entropy, sampling=sampling, with_values=with_values,
-    )  # fmt: skip
+        model,
+        mb.input_ids,
+        mb.positions,
+        mb.segment_ids,
+        mb.target_ids,
+        chunk=chunk,
+        with_entropy=with_entropy,
+        sampling=sampling,
+        with_values=with_values,
+    )
 
 
 def sft_loss(*, chunk: int):
@@ -72,8 +86,9 @@ def rl_loss(loss_cfg: Any, *, chunk: int, sampling: SamplingTransform | None = N
     def loss_fn(model, mb: TrainBatch, extra: LossInputs | RLLossInputs):
         need_entropy = getattr(loss_cfg, "entropy_coef", 0.0) != 0.0
         critic = loss_cfg.vf_coef > 0
-        stats = _stats(model, mb, chunk=chunk, with_entropy=True, sampling=sampling,
-                       with_values=critic)  # fmt: skip
+        stats = _stats(
+            model, mb, chunk=chunk, with_entropy=True, sampling=sampling, with_values=critic
+        )
         loss, metrics = policy_loss(
             logprobs=stats.logprobs,
             old_logprobs=mb.old_logprobs,

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxrl_agents.rollout.packing import TrainBatch
+from jaxrl_agents.batches import TrainBatch
 
 
 class TrainState(NamedTuple):

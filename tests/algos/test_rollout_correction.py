@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from jaxrl_agents.algos import LossConfig, kl_penalty, policy_loss
+from jaxrl_agents.algos.correction import IS_CORRECTIONS, rollout_correction
 from jaxrl_agents.algos.kl import K3_BOUND
-from jaxrl_agents.algos.losses import IS_CORRECTIONS, rollout_correction
 
 # -- one extreme token must not poison the gradient ------------------------------------------
 
@@ -149,17 +149,24 @@ def test_truncated_weights_multiply_the_token_loss():
 
         def f(x, w, cfg=cfg):
             return policy_loss(
-                logprobs=x, old_logprobs=jnp.asarray(old), advantages=adv,
-                loss_mask=jnp.asarray(mask), cfg=cfg, is_weights=w,
-            )[0]  # fmt: skip
+                logprobs=x,
+                old_logprobs=jnp.asarray(old),
+                advantages=adv,
+                loss_mask=jnp.asarray(mask),
+                cfg=cfg,
+                is_weights=w,
+            )[0]
 
         # per-token weights on the loss == the same weights on the advantages (loss is
         # positively homogeneous in A for these objectives)
         def g(x, cfg=cfg):
             return policy_loss(
-                logprobs=x, old_logprobs=jnp.asarray(old), advantages=adv * c.weights,
-                loss_mask=jnp.asarray(mask), cfg=cfg,
-            )[0]  # fmt: skip
+                logprobs=x,
+                old_logprobs=jnp.asarray(old),
+                advantages=adv * c.weights,
+                loss_mask=jnp.asarray(mask),
+                cfg=cfg,
+            )[0]
 
         assert float(f(lp, c.weights)) == pytest.approx(float(g(lp)), rel=1e-5)
         np.testing.assert_allclose(

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from jaxrl_agents.algos import AGG_MODES, LossConfig, aggregate, aggregation_denominator
-from jaxrl_agents.algos.losses import POLICY_LOSSES, rollout_correction, sequence_sum
+from jaxrl_agents.algos.aggregation import sequence_sum
+from jaxrl_agents.algos.correction import rollout_correction
+from jaxrl_agents.algos.losses import POLICY_LOSSES
 
 LENGTHS = [5, 3, 7, 2, 6, 4]
 PLACE = [(0, 0), (0, 5), (1, 0), (1, 7), (2, 0), (2, 6)]  # (row, offset) in rows of 10

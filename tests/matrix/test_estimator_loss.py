@@ -21,7 +21,7 @@ B, T, G = 8, 16, 4
 
 
 def _batch(seed):
-    from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch
+    from jaxrl_agents.batches import EpisodeArrays, TrainBatch
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(1, 32, (B, T + 1)).astype(np.int32)
@@ -30,19 +30,24 @@ def _batch(seed):
     turns = np.where(mask > 0, (np.arange(T) >= 10).astype(np.int32)[None], -1).astype(np.int32)
     rewards = rng.normal(size=B).astype(np.float32)
     batch = TrainBatch(
-        input_ids=ids[:, :-1], positions=np.tile(np.arange(T, dtype=np.int32), (B, 1)),
-        segment_ids=np.ones((B, T), np.int32), target_ids=ids[:, 1:], loss_mask=mask,
+        input_ids=ids[:, :-1],
+        positions=np.tile(np.arange(T, dtype=np.int32), (B, 1)),
+        segment_ids=np.ones((B, T), np.int32),
+        target_ids=ids[:, 1:],
+        loss_mask=mask,
         old_logprobs=np.where(mask > 0, -3.4, 0.0).astype(np.float32),
-        advantages=np.zeros((B, T), np.float32), returns=np.zeros((B, T), np.float32),
+        advantages=np.zeros((B, T), np.float32),
+        returns=np.zeros((B, T), np.float32),
         turn_ids=turns,
-    )  # fmt: skip
+    )
     episodes = EpisodeArrays(
-        rewards=rewards, group_ids=np.repeat(np.arange(B // G), G).astype(np.int32),
+        rewards=rewards,
+        group_ids=np.repeat(np.arange(B // G), G).astype(np.int32),
         turn_rewards=np.stack([np.zeros(B, np.float32), rewards], 1),
         turn_mask=np.ones((B, 2), np.float32),
         anchor_ids=np.tile(np.array([0, -1], np.int32), (B, 1)),
         row_valid=np.ones((B,), np.float32),
-    )  # fmt: skip
+    )
     return jax.tree.map(jnp.asarray, batch), jax.tree.map(jnp.asarray, episodes)
 
 
@@ -68,9 +73,16 @@ def test_estimator_x_loss(adv, loss):
     before = jax.tree.map(np.asarray, params)
     tx = cfg.optimizer.build()
     update = make_rl_update(
-        graphdef, rest, tx, loss_cfg=effective_loss(cfg), adv_cfg=cfg.advantage, epochs=1,
-        minibatches=2, microbatches=1, logprob_chunk=16,
-    )  # fmt: skip
+        graphdef,
+        rest,
+        tx,
+        loss_cfg=effective_loss(cfg),
+        adv_cfg=cfg.advantage,
+        epochs=1,
+        minibatches=2,
+        microbatches=1,
+        logprob_chunk=16,
+    )
     ref = jax.tree.map(jnp.copy, params) if cfg.loss.kl_coef > 0 else None
     state = init_train_state(params, tx)
     for s in range(2):
@@ -83,6 +95,8 @@ def test_estimator_x_loss(adv, loss):
             assert np.isfinite(float(m.vf_loss)) and np.isfinite(float(m.explained_variance))
     after = jax.tree.leaves(state.params)
     assert all(np.isfinite(np.asarray(x)).all() for x in after)
-    moved = max(float(np.max(np.abs(np.asarray(a) - b)))
-                for a, b in zip(after, jax.tree.leaves(before), strict=True))  # fmt: skip
+    moved = max(
+        float(np.max(np.abs(np.asarray(a) - b)))
+        for a, b in zip(after, jax.tree.leaves(before), strict=True)
+    )
     assert moved > 0, "parameters did not change"

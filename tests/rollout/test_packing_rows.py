@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from jaxrl_agents.batches import real_frac
 from jaxrl_agents.rollout.packing import (
     RowPlan,
     first_fit_decreasing,
     pack,
     plan_rows,
-    real_frac,
     row_ladder,
 )
 from jaxrl_agents.types import Ann, EndReason, Task, Trajectory, Turn
@@ -30,14 +30,29 @@ def _traj(n, rng, *, group=0, reward=0.0, turns=2, end=EndReason.ANSWERED):
         if lo >= hi:
             break
         mask[lo:hi] = [1] * (hi - lo)
-        spans.append(Turn(index=k, start=lo, end=hi, reward_terms={"r": 0.1 * (k + 1)},
-                          annotations={Ann.STATE_KEY: f"s{k}"}))  # fmt: skip
+        spans.append(
+            Turn(
+                index=k,
+                start=lo,
+                end=hi,
+                reward_terms={"r": 0.1 * (k + 1)},
+                annotations={Ann.STATE_KEY: f"s{k}"},
+            )
+        )
     lps = [float(-rng.uniform(0.1, 5.0)) if m else 0.0 for m in mask]
     return Trajectory(
-        task=Task(id=f"t{group}", env="x", split="train", data={}), messages=[], tools=[],
-        token_ids=ids, loss_mask=mask, logprobs=lps, prompt_len=start, turns=spans,
-        end_reason=end, group_id=group, reward=reward,
-    )  # fmt: skip
+        task=Task(id=f"t{group}", env="x", split="train", data={}),
+        messages=[],
+        tools=[],
+        token_ids=ids,
+        loss_mask=mask,
+        logprobs=lps,
+        prompt_len=start,
+        turns=spans,
+        end_reason=end,
+        group_id=group,
+        reward=reward,
+    )
 
 
 def _trajs(lengths, seed=0, group_size=4):
@@ -78,8 +93,15 @@ def test_packed_rows_hold_every_token_once_with_per_segment_ids_and_positions():
     assert plan.rows * plan.row_len < one.batch.input_ids.size
     assert packed.truncated == one.truncated == 0
     # Episode arrays are the same in both layouts (slot order = trajectory order).
-    for name in ("rewards", "group_ids", "turn_rewards", "turn_mask", "anchor_ids", "row_valid",
-                 "length"):  # fmt: skip
+    for name in (
+        "rewards",
+        "group_ids",
+        "turn_rewards",
+        "turn_mask",
+        "anchor_ids",
+        "row_valid",
+        "length",
+    ):
         np.testing.assert_array_equal(getattr(ep, name), getattr(one.episodes, name), name)
     np.testing.assert_array_equal(ep.length, [n - 1 for n in lengths] + [0, 0])
     # Each trajectory's span in the packed rows is exactly its unpacked row.
@@ -87,8 +109,14 @@ def test_packed_rows_hold_every_token_once_with_per_segment_ids_and_positions():
     for i in range(len(lengths)):
         r, o, L = int(ep.row[i]), int(ep.offset[i]), int(ep.length[i])
         covered[r, o : o + L] += 1
-        for name in ("input_ids", "target_ids", "loss_mask", "old_logprobs", "turn_ids",
-                     "positions"):  # fmt: skip
+        for name in (
+            "input_ids",
+            "target_ids",
+            "loss_mask",
+            "old_logprobs",
+            "turn_ids",
+            "positions",
+        ):
             np.testing.assert_array_equal(
                 getattr(b, name)[r, o : o + L], getattr(one.batch, name)[i, :L], name
             )
@@ -190,8 +218,15 @@ def test_device_batch_packs_by_default_like_one_per_row():
         assert getattr(packed, name) == getattr(flat, name), name
     assert (packed.dropped, packed.overlong_masked) == (1, 1)
     pe, fe = packed.episodes, flat.episodes
-    for name in ("rewards", "group_ids", "turn_rewards", "turn_mask", "anchor_ids", "row_valid",
-                 "length"):  # fmt: skip
+    for name in (
+        "rewards",
+        "group_ids",
+        "turn_rewards",
+        "turn_mask",
+        "anchor_ids",
+        "row_valid",
+        "length",
+    ):
         np.testing.assert_array_equal(np.asarray(getattr(pe, name)), np.asarray(getattr(fe, name)))
     assert int(pe.length[3]) == 0 and float(pe.row_valid[3]) == 0  # no positions, no group share
     r, o, L = (int(pe.row[5]), int(pe.offset[5]), int(pe.length[5]))

@@ -8,8 +8,8 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_agents.algos import AdvantageConfig, LossConfig
+from jaxrl_agents.batches import EpisodeArrays, TrainBatch
 from jaxrl_agents.models import ModelConfig, Transformer
-from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch
 from jaxrl_agents.training.critic import attach_critic, has_critic, without_critic
 from jaxrl_agents.training.logprobs import token_stats
 from jaxrl_agents.training.step import OptimizerConfig, init_train_state
@@ -19,11 +19,19 @@ B, T = 16, 16
 
 
 def _model():
-    cfg = ModelConfig.from_hf_config({
-        "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-        "max_position_embeddings": 64, "tie_word_embeddings": True,
-    })  # fmt: skip
+    cfg = ModelConfig.from_hf_config(
+        {
+            "model_type": "qwen2",
+            "vocab_size": 64,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "max_position_embeddings": 64,
+            "tie_word_embeddings": True,
+        }
+    )
     return attach_critic(Transformer(cfg, rngs=nnx.Rngs(0)))
 
 
@@ -33,21 +41,35 @@ def _batch(model):
     ids[:, 0] = np.where(np.arange(B) % 2 == 0, 3, 4)  # the prompt's first token: the outcome
     mask = np.zeros((B, T), np.float32)
     mask[:, 4:] = 1.0
-    stats = token_stats(model, jnp.asarray(ids[:, :-1]), jnp.tile(jnp.arange(T), (B, 1)),
-                        jnp.ones((B, T), jnp.int32), jnp.asarray(ids[:, 1:]), chunk=16,
-                        with_entropy=False)  # fmt: skip
+    stats = token_stats(
+        model,
+        jnp.asarray(ids[:, :-1]),
+        jnp.tile(jnp.arange(T), (B, 1)),
+        jnp.ones((B, T), jnp.int32),
+        jnp.asarray(ids[:, 1:]),
+        chunk=16,
+        with_entropy=False,
+    )
     batch = TrainBatch(
-        input_ids=ids[:, :-1], positions=np.tile(np.arange(T, dtype=np.int32), (B, 1)),
-        segment_ids=np.ones((B, T), np.int32), target_ids=ids[:, 1:], loss_mask=mask,
-        old_logprobs=np.asarray(stats.logprobs) * mask, advantages=np.zeros((B, T), np.float32),
-        returns=np.zeros((B, T), np.float32), turn_ids=np.where(mask > 0, 0, -1).astype(np.int32),
-    )  # fmt: skip
+        input_ids=ids[:, :-1],
+        positions=np.tile(np.arange(T, dtype=np.int32), (B, 1)),
+        segment_ids=np.ones((B, T), np.int32),
+        target_ids=ids[:, 1:],
+        loss_mask=mask,
+        old_logprobs=np.asarray(stats.logprobs) * mask,
+        advantages=np.zeros((B, T), np.float32),
+        returns=np.zeros((B, T), np.float32),
+        turn_ids=np.where(mask > 0, 0, -1).astype(np.int32),
+    )
     rewards = np.where(ids[:, 0] == 3, 1.0, -1.0).astype(np.float32)
     episodes = EpisodeArrays(
-        rewards=rewards, group_ids=np.arange(B, dtype=np.int32), turn_rewards=rewards[:, None],
-        turn_mask=np.ones((B, 1), np.float32), anchor_ids=np.full((B, 1), -1, np.int32),
+        rewards=rewards,
+        group_ids=np.arange(B, dtype=np.int32),
+        turn_rewards=rewards[:, None],
+        turn_mask=np.ones((B, 1), np.float32),
+        anchor_ids=np.full((B, 1), -1, np.int32),
         row_valid=np.ones((B,), np.float32),
-    )  # fmt: skip
+    )
     return jax.tree.map(jnp.asarray, batch), jax.tree.map(jnp.asarray, episodes)
 
 
@@ -56,11 +78,16 @@ def test_value_loss_falls_and_explained_variance_passes_half():
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = OptimizerConfig(lr=1e-2, warmup_steps=0).build()
     update = make_rl_update(
-        graphdef, rest, tx,
+        graphdef,
+        rest,
+        tx,
         loss_cfg=LossConfig(name="ppo_clip", vf_coef=0.5, vf_clip=None),
         adv_cfg=AdvantageConfig(name="gae", gamma=1.0, lam=0.95),
-        epochs=1, minibatches=1, microbatches=1, logprob_chunk=16,
-    )  # fmt: skip
+        epochs=1,
+        minibatches=1,
+        microbatches=1,
+        logprob_chunk=16,
+    )
     batch, episodes = _batch(model)
     state = init_train_state(params, tx)
     ev, vf = [], []

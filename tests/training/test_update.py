@@ -21,7 +21,7 @@ from jaxrl_agents.algos import (
     aggregation_denominator,
     compute_advantages,
 )
-from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch
+from jaxrl_agents.batches import EpisodeArrays, TrainBatch
 from jaxrl_agents.training.objectives import rl_loss
 from jaxrl_agents.training.step import (
     LossInputs,
@@ -66,10 +66,14 @@ def _rollout(seed=0):
 
 def _host_advantages(batch, episodes, adv_cfg):
     inputs = AdvantageInputs(
-        rewards=episodes.rewards, group_ids=episodes.group_ids, loss_mask=batch.loss_mask,
-        turn_ids=batch.turn_ids, turn_rewards=episodes.turn_rewards,
-        turn_mask=episodes.turn_mask, anchor_ids=episodes.anchor_ids,
-    )  # fmt: skip
+        rewards=episodes.rewards,
+        group_ids=episodes.group_ids,
+        loss_mask=batch.loss_mask,
+        turn_ids=batch.turn_ids,
+        turn_rewards=episodes.turn_rewards,
+        turn_mask=episodes.turn_mask,
+        anchor_ids=episodes.anchor_ids,
+    )
     return compute_advantages(adv_cfg.name, inputs, adv_cfg)
 
 
@@ -98,15 +102,31 @@ def test_update_program_matches_host_loop(epochs, mbs):
     batch, episodes = _rollout()
     key = jax.random.key(7)
     update = make_rl_update(
-        graphdef, rest, tx, loss_cfg=loss_cfg, adv_cfg=adv_cfg, epochs=epochs, minibatches=mbs,
-        microbatches=1, logprob_chunk=8,
-    )  # fmt: skip
+        graphdef,
+        rest,
+        tx,
+        loss_cfg=loss_cfg,
+        adv_cfg=adv_cfg,
+        epochs=epochs,
+        minibatches=mbs,
+        microbatches=1,
+        logprob_chunk=8,
+    )
     copy = lambda: init_train_state(jax.tree.map(jnp.copy, params), tx)
     new, metrics = update(copy(), batch, episodes, key, None)
     ref, losses = _reference(
-        graphdef, rest, tx, copy(), batch, episodes, key,
-        loss_cfg=loss_cfg, adv_cfg=adv_cfg, epochs=epochs, mbs=mbs,
-    )  # fmt: skip
+        graphdef,
+        rest,
+        tx,
+        copy(),
+        batch,
+        episodes,
+        key,
+        loss_cfg=loss_cfg,
+        adv_cfg=adv_cfg,
+        epochs=epochs,
+        mbs=mbs,
+    )
     assert isinstance(metrics, RLMetrics)
     assert int(new.step) == epochs * mbs == int(ref.step)
     for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(ref.params), strict=True):
@@ -127,9 +147,16 @@ def test_update_compiles_once_and_uses_kl_reference():
     tx = OptimizerConfig(lr=1e-2, warmup_steps=0).build()
     loss_cfg = LossConfig(name="ppo_clip", kl_coef=0.1)
     update = make_rl_update(
-        graphdef, rest, tx, loss_cfg=loss_cfg, adv_cfg=AdvantageConfig(name="rloo"),
-        epochs=1, minibatches=2, microbatches=2, logprob_chunk=8,
-    )  # fmt: skip
+        graphdef,
+        rest,
+        tx,
+        loss_cfg=loss_cfg,
+        adv_cfg=AdvantageConfig(name="rloo"),
+        epochs=1,
+        minibatches=2,
+        microbatches=2,
+        logprob_chunk=8,
+    )
     state = init_train_state(jax.tree.map(jnp.copy, params), tx)
     ref = jax.tree.map(jnp.copy, params)
     for s in range(3):
@@ -153,7 +180,7 @@ def _learner_old(graphdef, rest, params, batch):
 
 @pytest.mark.parametrize("correction", ["none", "tis_token", "tis_seq", "mis_token", "mis_geo"])
 def test_update_with_mismatch_correction_matches_host_reference(correction):
-    from jaxrl_agents.algos.losses import rollout_correction
+    from jaxrl_agents.algos.correction import rollout_correction
     from jaxrl_agents.training.objectives import RLLossInputs
 
     model = ToyLM(rngs=nnx.Rngs(2))
@@ -170,9 +197,16 @@ def test_update_with_mismatch_correction_matches_host_reference(correction):
     batch = batch._replace(old_logprobs=behaviour)
     key = jax.random.key(3)
     update = make_rl_update(
-        graphdef, rest, tx, loss_cfg=loss_cfg, adv_cfg=adv_cfg, epochs=2, minibatches=2,
-        microbatches=1, logprob_chunk=8,
-    )  # fmt: skip
+        graphdef,
+        rest,
+        tx,
+        loss_cfg=loss_cfg,
+        adv_cfg=adv_cfg,
+        epochs=2,
+        minibatches=2,
+        microbatches=1,
+        logprob_chunk=8,
+    )
     copy = lambda: init_train_state(jax.tree.map(jnp.copy, params), tx)
     new, metrics = update(copy(), batch, episodes, key, None)
 
@@ -234,15 +268,28 @@ def test_kl_to_reference_compares_temperature_one_policies(as_reward):
     from jaxrl_agents.training.logprobs import token_stats
 
     stats = token_stats(
-        nnx.merge(graphdef, params, rest), batch.input_ids, batch.positions, batch.segment_ids,
-        batch.target_ids, chunk=8, sampling=sampling,
-    )  # fmt: skip
+        nnx.merge(graphdef, params, rest),
+        batch.input_ids,
+        batch.positions,
+        batch.segment_ids,
+        batch.target_ids,
+        chunk=8,
+        sampling=sampling,
+    )
     batch = batch._replace(old_logprobs=jnp.where(batch.loss_mask > 0, stats.logprobs, 0.0))
     loss_cfg = LossConfig(name="ppo_clip", kl_coef=0.1, kl_as_reward=as_reward, kl_estimator="k1")
     update = make_rl_update(
-        graphdef, rest, tx, loss_cfg=loss_cfg, adv_cfg=AdvantageConfig(name="rloo"),
-        epochs=1, minibatches=1, microbatches=1, logprob_chunk=8, sampling=sampling,
-    )  # fmt: skip
+        graphdef,
+        rest,
+        tx,
+        loss_cfg=loss_cfg,
+        adv_cfg=AdvantageConfig(name="rloo"),
+        epochs=1,
+        minibatches=1,
+        microbatches=1,
+        logprob_chunk=8,
+        sampling=sampling,
+    )
     state = init_train_state(jax.tree.map(jnp.copy, params), tx)
     _, metrics = update(state, batch, episodes, jax.random.key(0), jax.tree.map(jnp.copy, params))
     assert float(metrics.ratio_mean) == pytest.approx(1.0, abs=1e-5)

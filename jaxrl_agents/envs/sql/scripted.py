@@ -7,10 +7,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxrl_agents.types import Message, Task
+from jaxrl_agents.types import Message, Task, ToolCallDict
 
 
-def _call(k: int, fn_name: str, **arguments: Any) -> dict[str, Any]:
+def _call(k: int, fn_name: str, **arguments: Any) -> ToolCallDict:
     function = {"name": fn_name, "arguments": arguments}
     return {"id": f"call_{k}", "type": "function", "function": function}
 
