@@ -138,20 +138,7 @@ class Engine:
         state = (
             nnx.state(model_or_state) if isinstance(model_or_state, nnx.Module) else model_or_state
         )
-        old_leaves, old_tree = jax.tree.flatten(self._model_state)
-        new_leaves, new_tree = jax.tree.flatten(state)
-        if old_tree != new_tree:
-            raise ValueError("update_weights: state structure differs from the engine's model")
-        for i, (a, b) in enumerate(zip(old_leaves, new_leaves, strict=True)):
-            if a.shape != b.shape or a.dtype != b.dtype:
-                raise ValueError(
-                    f"update_weights: leaf {i} is {b.shape} {b.dtype}, expected {a.shape} {a.dtype}"
-                )
-        new_leaves = [
-            jax.device_put(b, a.sharding) if isinstance(a, jax.Array) else b
-            for a, b in zip(old_leaves, new_leaves, strict=True)
-        ]
-        state = jax.tree.unflatten(old_tree, new_leaves)
+        state = programs.like_weights(self._model_state, state)
         self._prefixes.invalidate()  # cached prefixes were computed under the old weights
         self._model_state = state
         self._state = self._relayout(state) if self._relayout is not None else state

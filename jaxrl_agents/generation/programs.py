@@ -136,3 +136,22 @@ def fork_args(pairs: list[tuple[int, int, int]], max_slots: int) -> tuple[np.nda
     for i, (a, b, k) in enumerate(pairs):
         src[i], dst[i], n[i] = a, b, k
     return src, dst, n, np.int32(len(pairs))
+
+
+def like_weights(old: Any, new: Any) -> Any:
+    """``new`` weights placed as ``old`` are (same structure, shapes and dtypes, else a
+    ``ValueError`` naming the first leaf that differs)."""
+    old_leaves, old_tree = jax.tree.flatten(old)
+    new_leaves, new_tree = jax.tree.flatten(new)
+    if old_tree != new_tree:
+        raise ValueError("update_weights: state structure differs from the engine's model")
+    for i, (a, b) in enumerate(zip(old_leaves, new_leaves, strict=True)):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ValueError(
+                f"update_weights: leaf {i} is {b.shape} {b.dtype}, expected {a.shape} {a.dtype}"
+            )
+    new_leaves = [
+        jax.device_put(b, a.sharding) if isinstance(a, jax.Array) else b
+        for a, b in zip(old_leaves, new_leaves, strict=True)
+    ]
+    return jax.tree.unflatten(old_tree, new_leaves)
