@@ -223,3 +223,26 @@ def test_failing_agents_end_only_their_episode(chat):
     assert hung.trajectory.end_reason == EndReason.EPISODE_TIMEOUT
     assert len(hung.trajectory.turns) == 1
     assert stats["episodes"] == 5 and stats["rewrites"] == 0
+
+
+def test_tool_choice_none_parses_no_calls(chat):
+    task = Calc.make_tasks("train", 1, seed=0)[0]
+
+    async def body(server):
+        key = server.open_episode(task)
+        client = openai_client(server, key, timeout_s=30)
+        reset = await Calc().reset(task)
+        resp = await _call(client, reset.messages, tools=reset.tools, tool_choice="none")
+        await client.close()
+        return resp, await server.close_episode(key)
+
+    resp, record = serve(_oracle(chat), chat, body)
+    (choice,) = resp.choices
+    assert choice.finish_reason == "stop" and not choice.message.tool_calls
+    assert "calculator" in choice.message.content  # the call's markup, as text
+    (seg,) = record.segments
+    assert seg.turns[0].tool_calls == [] and seg.tools == reset_tools(task)
+
+
+def reset_tools(task):
+    return asyncio.run(Calc().reset(task)).tools
