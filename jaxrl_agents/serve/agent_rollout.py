@@ -103,10 +103,11 @@ async def run_agent_episode(
     """One episode of ``agent`` on ``task`` (see module docstring)."""
     key = server.open_episode(task, seed=seed)
     t0 = time.perf_counter()
-    answer, end, error = None, EndReason.ANSWERED, None
-    client = (client_factory or (lambda k: openai_client(server, k, timeout_s=timeout_s)))(key)
+    answer, end, error, client = None, EndReason.ANSWERED, None, None
+    make = client_factory or (lambda k: openai_client(server, k, timeout_s=timeout_s))
     try:
         async with asyncio.timeout(timeout_s):
+            client = make(key)
             answer = await agent(client, task)
     except TimeoutError:
         end = EndReason.EPISODE_TIMEOUT

@@ -108,7 +108,7 @@ async def _complete(store: EpisodeStore, ep: Any, body: dict, model_name: str) -
         raise BadRequest("top_logprobs is not supported", param="top_logprobs")
     stops = _stop_sequences(body.get("stop"), chat, lim.max_stop)
     seed = body.get("seed")
-    seed = episode_seed(ep.seed, ep.key, ep.requests) if seed is None else _int(body, "seed", 0)
+    seed = episode_seed(ep.seed, "serve", ep.requests) if seed is None else _int(body, "seed", 0)
 
     new_ids = await store.prepare(ep, messages, tools)
     room = store.room(ep)

@@ -146,9 +146,12 @@ class EpisodeStore:
         self.stats = {"requests": 0, "rewrites": 0, "segments": 0, "episodes": 0}
 
     # -- trainer side -----------------------------------------------------------------------
-    def open(self, task: Task | None = None, *, seed: int = 0) -> str:
-        """A new episode; returns its key (send it as ``X-Episode-Id``)."""
+    def open(self, task: Task | None = None, *, seed: int | None = None) -> str:
+        """A new episode; returns its key (send it as ``X-Episode-Id``). ``seed`` seeds the
+        requests that bring none (default: the episode's number, so no two episodes of one
+        store sample alike)."""
         key = f"ep-{secrets.token_hex(12)}"
+        seed = self.stats["episodes"] if seed is None else seed
         self._episodes[key] = _Episode(key, task, seed)
         self.stats["episodes"] += 1
         return key
@@ -203,25 +206,19 @@ class EpisodeStore:
             if keep is not None and not ep.pending[keep].stopped:
                 start = "cut_off"
         if seg is not None and keep is not None and start != "cut_off":
+            new = rendered[len(seg.messages) + 1 :]
+            ids = self._render(self.chat.continuation_ids, new, tools)
             await self._commit(ep, keep)
-            new = rendered[len(seg.messages) :]
             self._attach_results(seg, new)
             seg.messages.extend(new)
-            try:
-                ids = self.chat.continuation_ids(new, tools or None)
-            except ValueError as e:
-                raise BadRequest(f"cannot render the new messages: {e}", param="messages") from e
             seg.append(ids, sampled=False)
             return ids
         # A new segment: the first request, a rewritten history, or a cut-off turn continued.
+        ids = self._render(self.chat.prompt_ids, rendered, tools)
         await self._end_segment(ep, keep or 0)
         if start == "rewrite":
             ep.rewrites += 1
             self.stats["rewrites"] += 1
-        try:
-            ids = self.chat.prompt_ids(rendered, tools or None)
-        except ValueError as e:
-            raise BadRequest(f"cannot render the messages: {e}", param="messages") from e
         ep.current = Segment(rendered, list(tools), [], [], [], len(ids), reason=start)
         ep.current.append(ids, sampled=False)
         session = await self.engine.open_session()
@@ -233,6 +230,13 @@ class EpisodeStore:
         self.stats["segments"] += 1
         return ids
 
+    @staticmethod
+    def _render(fn: Any, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
+        try:
+            return fn(messages, tools or None)
+        except ValueError as e:
+            raise BadRequest(f"cannot render the messages: {e}", param="messages") from e
+
     def room(self, ep: _Episode) -> int:
         """Tokens the current segment may still grow by."""
         return self.limits.max_segment_tokens - len(ep.current.token_ids)
@@ -241,17 +245,18 @@ class EpisodeStore:
         self, ep: _Episode, new_ids: list[int], params: list[Any], *, tools_on: bool
     ) -> list[Choice]:
         """Sample one choice per ``params`` entry after ``new_ids`` and hold them as pending."""
-        seg = ep.current
-        sessions = [ep.session] + [await self.engine.open_session() for _ in params[1:]]
-        for s in sessions[1:]:
-            self._bind(s, ep)
+        seg, extra = ep.current, []
         feeds = [new_ids] + [list(seg.token_ids) for _ in params[1:]]
         try:
+            for _ in params[1:]:
+                extra.append(await self.engine.open_session())
+                self._bind(extra[-1], ep)
+            sessions = [ep.session, *extra]
             results = await asyncio.gather(
                 *(s.generate(f, p) for s, f, p in zip(sessions, feeds, params, strict=True))
             )
         except BaseException:
-            for s in sessions[1:]:
+            for s in extra:
                 await s.close()
             await self._drop_session(ep)
             raise
@@ -279,8 +284,8 @@ class EpisodeStore:
             )
             if res.finish_reason == "cache_full":
                 ep.end_hint = EndReason.CONTEXT_FULL
-        if ep.closed:  # closed while sampling: release what was opened here
-            for c in choices:
+        if ep.closed:  # closed while sampling (its own session is closed already)
+            for c in choices[1:]:
                 await c.session.close()
             raise BadRequest(f"episode {ep.key!r} was closed", status=409)
         ep.pending = choices
@@ -298,6 +303,13 @@ class EpisodeStore:
         seg, choice = ep.current, ep.pending[k]
         start = len(seg.token_ids)
         seg.append(choice.ids, sampled=True, logprobs=choice.logprobs)
+        seg.messages.append(choice.message)
+        for i, c in enumerate(ep.pending):
+            if i != k:
+                await c.session.close()
+        ep.session, ep.pending = choice.session, []
+        if not choice.ids:  # a full context sampled nothing: no turn (continuing it is cut_off)
+            return
         seg.turns.append(
             Turn(
                 index=len(seg.turns),
@@ -308,11 +320,6 @@ class EpisodeStore:
                 finish_reason=choice.finish_reason,
             )
         )
-        seg.messages.append(choice.message)
-        for i, c in enumerate(ep.pending):
-            if i != k:
-                await c.session.close()
-        ep.session, ep.pending = choice.session, []
 
     async def _end_segment(self, ep: _Episode, keep: int) -> None:
         if ep.current is None:
@@ -340,9 +347,8 @@ class EpisodeStore:
         """Tool messages answering the last turn's calls become that turn's tool results."""
         if not seg.turns:
             return
-        turn, served = seg.turns[-1], seg.messages[-1].get("tool_calls") or []
-        valid = [c for c in turn.tool_calls if c.error is None]
-        by_id = {s["id"]: c for s, c in zip(served, valid, strict=False)}
+        turn = seg.turns[-1]
+        by_id = {c.id: c for c in turn.tool_calls if c.error is None}  # the served ids
         for m in new:
             if m["role"] == "tool" and m.get("tool_call_id") in by_id:
                 turn.tool_results.append(ToolResult(by_id[m["tool_call_id"]], m["content"]))

@@ -127,8 +127,9 @@ class Server:
         await self.stop()
 
     # -- episodes ----------------------------------------------------------------------------
-    def open_episode(self, task: Task | None = None, *, seed: int = 0) -> str:
-        """A new episode; its key goes in the agent's ``X-Episode-Id`` header."""
+    def open_episode(self, task: Task | None = None, *, seed: int | None = None) -> str:
+        """A new episode; its key goes in the agent's ``X-Episode-Id`` header (``seed``: see
+        :meth:`EpisodeStore.open`)."""
         return self.store.open(task, seed=seed)
 
     async def close_episode(self, key: str, *, final_answer: str | None = None) -> EpisodeRecord:

@@ -246,3 +246,49 @@ def test_tool_choice_none_parses_no_calls(chat):
 
 def reset_tools(task):
     return asyncio.run(Calc().reset(task)).tools
+
+
+def test_one_request_at_a_time_per_episode(chat):
+    task = Calc.make_tasks("train", 1, seed=0)[0]
+    engine = Recorder(ScriptedEngine(chat, policy_factory=oracle_policy, latency_s=0.5))
+
+    async def body(server):
+        key = server.open_episode(task)
+        client = openai_client(server, key, timeout_s=30)
+        reset = await Calc().reset(task)
+        both = await asyncio.gather(
+            _call(client, reset.messages, tools=reset.tools),
+            _call(client, reset.messages, tools=reset.tools),
+            return_exceptions=True,
+        )
+        await client.close()
+        return both, await server.close_episode(key)
+
+    both, record = serve(engine, chat, body)
+    errors = [r for r in both if isinstance(r, Exception)]
+    assert len(errors) == 1 and isinstance(errors[0], openai.ConflictError)
+    assert "in flight" in str(errors[0])
+    assert len(record.segments) == 1 and engine.opened == engine.closed == 1
+
+
+def test_continuing_a_cut_off_turn_starts_an_uncounted_segment(chat):
+    task = Calc.make_tasks("train", 1, seed=0)[0]
+
+    async def body(server):
+        key = server.open_episode(task)
+        client = openai_client(server, key, timeout_s=30)
+        reset = await Calc().reset(task)
+        msgs = list(reset.messages)
+        cut = await _call(client, msgs, tools=reset.tools, max_tokens=3)
+        assert cut.choices[0].finish_reason == "length"
+        more = [*msgs, cut.choices[0].message, {"role": "user", "content": "Go on."}]
+        await _call(client, more, tools=reset.tools)
+        await client.close()
+        return await server.close_episode(key)
+
+    record = serve(_oracle(chat), chat, body)
+    assert record.rewrites == 0
+    assert [s.reason for s in record.segments] == ["first", "cut_off"]
+    first, second = record.segments
+    assert first.turns[0].finish_reason == "length" and sum(first.loss_mask) == 3
+    assert second.prompt_len == len(chat.prompt_ids(second.messages[:4], second.tools))
