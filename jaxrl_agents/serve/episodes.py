@@ -255,10 +255,12 @@ class EpisodeStore:
             results = await asyncio.gather(
                 *(s.generate(f, p) for s, f, p in zip(sessions, feeds, params, strict=True))
             )
-        except BaseException:
+        except BaseException as e:
             for s in extra:
                 await s.close()
             await self._drop_session(ep)
+            if isinstance(e, ValueError):  # the engine's own bounds (stop sequences, vocab)
+                raise BadRequest(f"the engine refused the request: {e}") from e
             raise
         stops = set(self.chat.stop_token_ids)
         choices = []

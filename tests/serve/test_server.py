@@ -13,6 +13,7 @@ import pytest
 from serve_helpers import Calc, Recorder, calculator_agent, serve
 
 from jaxrl_agents.envs.calculator import oracle_policy
+from jaxrl_agents.generation.config import GenerationResult
 from jaxrl_agents.rollout.scripted import ScriptedEngine
 from jaxrl_agents.serve import ServeLimits, Server, env_judge, openai_client, run_agents
 from jaxrl_agents.serve.agent_rollout import run_agent_episode
@@ -292,3 +293,43 @@ def test_continuing_a_cut_off_turn_starts_an_uncounted_segment(chat):
     first, second = record.segments
     assert first.turns[0].finish_reason == "length" and sum(first.loss_mask) == 3
     assert second.prompt_len == len(chat.prompt_ids(second.messages[:4], second.tools))
+
+
+class _Says:
+    """An engine whose every turn is ``ids`` ending the turn (``finish_reason`` stop)."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    async def open_session(self):
+        return self
+
+    async def generate(self, new_ids, params):
+        return GenerationResult(list(self.ids), [-0.5] * len(self.ids), "stop")
+
+    async def close(self):
+        pass
+
+
+def test_stop_strings_end_the_text_and_the_segment(chat):
+    said = chat.encode("The answer is 7") + chat.encode_plain(" END")
+
+    async def body(server):
+        key = server.open_episode()
+        client = openai_client(server, key, timeout_s=30)
+        msgs = [{"role": "user", "content": "hi"}]
+        resp = await _call(client, msgs, stop=[" END"], logprobs=True)
+        choice = resp.choices[0]
+        more = [*msgs, choice.message, {"role": "user", "content": "and?"}]
+        await _call(client, more, stop=" END")
+        with pytest.raises(openai.BadRequestError, match="limits.max_stop=4"):
+            await _call(client, more, stop=["a", "b", "c", "d", "e"])
+        await client.close()
+        return choice, await server.close_episode(key)
+
+    choice, record = serve(_Says(said), chat, body)
+    assert choice.message.content == "The answer is 7" and choice.finish_reason == "stop"
+    assert [t.logprob for t in choice.logprobs.content] == [-0.5] * len(said)
+    # no stop token after the stop string: the template cannot continue that turn
+    assert [s.reason for s in record.segments] == ["first", "cut_off"] and record.rewrites == 0
+    assert record.segments[0].token_ids[-len(said) :] == said
