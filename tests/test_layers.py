@@ -41,7 +41,7 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(("types", "batches", "sharding", "facts", "distributed"), 1),
     **dict.fromkeys(("models", "algos", "rewards", "envs"), 2),
     **dict.fromkeys(("chat", "generation"), 3),
-    "rollout": 4,
+    **dict.fromkeys(("rollout", "serve"), 4),
     **dict.fromkeys(("training", "evaluation"), 5),
     "jobs": 6,
     "cli": 7,
