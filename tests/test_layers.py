@@ -8,18 +8,20 @@ first component after ``jaxrl_agents.`` (a subpackage, or a top-level module suc
 
 Layers, lowest first; a unit imports only from its own layer or below:
 
-1. types, sharding, facts, distributed
+1. types, batches, sharding, facts, distributed
 2. models, algos, rewards, envs
 3. chat, generation
-4. rollout
+4. rollout, serve
 5. training, evaluation
 6. jobs
 7. cli
 
-Plus: training never imports envs; evaluation never imports training; envs and rewards never
-import models, jax or flax; only cli imports hydra; no import cycles between units; every
+Plus: training never imports envs or rollout; evaluation never imports training; envs and rewards
+never import models, jax or flax; only cli imports hydra; no import cycles between units; every
 ``jaxrl_agents.*`` import names a module that exists; every package folder has an ``__init__.py``
-and is listed in pyproject's ``[tool.setuptools] packages``. The top package
+and is listed in pyproject's ``[tool.setuptools] packages``; no import cycle between the modules
+of one folder (type-only imports aside); no module over ``MAX_MODULE_LINES`` lines
+(``LONG_MODULES`` lists the exceptions with their reasons). The top package
 (``jaxrl_agents/__init__.py``) and ``assets`` are exempt from the layer rules.
 """
 
@@ -54,7 +56,14 @@ FORBIDDEN = {
     ("training", "evaluation"): "training never imports evaluation (the jobs wire them)",
     ("envs", "models"): "envs never imports models",
     ("rewards", "models"): "rewards never imports models",
+    (
+        "training",
+        "rollout",
+    ): "training never imports rollout (device batches are bottom-layer records)",
 }
+# Modules longer than this are split by what they do; the allow-list names each exception's reason.
+MAX_MODULE_LINES = 450
+LONG_MODULES: dict[str, str] = {}
 # Third-party packages a unit must not import (top-level distribution names).
 NO_THIRD_PARTY = {
     "envs": {"jax", "jaxlib", "flax"},
@@ -72,6 +81,7 @@ class Ref:
     module: str
     attr: str | None = None
     lazy_string: bool = False  # a dotted path held in a string (may end in a class name)
+    type_only: bool = False  # under ``if TYPE_CHECKING:`` (runs no code)
 
     @property
     def where(self) -> str:
@@ -130,16 +140,29 @@ def _refs(path: Path, source: str | None = None) -> list[Ref]:
     if source is None:
         source = path.read_text(encoding="utf-8")
     tree = ast.parse(source, filename=str(path))
+    type_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
     refs: list[Ref] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            refs += [Ref(path, node.lineno, alias.name) for alias in node.names]
+            refs += [
+                Ref(path, node.lineno, alias.name, type_only=id(node) in type_only)
+                for alias in node.names
+            ]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 module = _resolve_relative(path, node.level, node.module)
             else:
                 module = node.module or ""
-            refs += [Ref(path, node.lineno, module, alias.name) for alias in node.names]
+            refs += [
+                Ref(path, node.lineno, module, alias.name, type_only=id(node) in type_only)
+                for alias in node.names
+            ]
         for line, value in _string_paths(node):
             refs.append(Ref(path, line, value, lazy_string=True))
     return sorted(refs, key=lambda r: (r.line, r.module, r.attr or ""))
@@ -331,6 +354,70 @@ def _violations() -> list[str]:
     return list(dict.fromkeys(out))  # one line per distinct violation, in file and line order
 
 
+def _folder_cycles() -> list[str]:
+    """Import cycles between the modules of one folder (a package's ``__init__`` counts as one of
+    its folder's modules). Every import counts, lazy ones too, except type-only ones (under ``if
+    TYPE_CHECKING:``): they run no code, so a record may name the class that holds it."""
+    modules = _existing_modules()
+    edges: dict[str, dict[str, list[Ref]]] = defaultdict(lambda: defaultdict(list))
+    folder_of = {_module_name(p): p.parent for p in _py_files()}
+    for path in _py_files():
+        importer = _module_name(path)
+        for ref in _refs(path):
+            if ref.type_only or not (ref.module == TOP or ref.module.startswith(TOP + ".")):
+                continue
+            target = ref.module
+            if ref.attr and f"{ref.module}.{ref.attr}" in modules:
+                target = f"{ref.module}.{ref.attr}"  # ``from pkg import submodule``
+            elif target not in modules:
+                target = target.split(":")[0]
+                if target not in modules:
+                    target = target.rpartition(".")[0]  # "pkg.mod.Class" in a string
+            if target == importer or target not in folder_of:
+                continue
+            if folder_of[target] == path.parent:
+                edges[importer][target].append(ref)
+    out = []
+    for cycle in _cycles(edges):
+        hops = "; ".join(
+            f"{a} -> {b} at " + ", ".join(dict.fromkeys(r.where for r in edges[a][b]))
+            for a, b in zip(cycle, cycle[1:], strict=False)
+        )
+        out.append(f"cycle: {' -> '.join(cycle)} [no import cycle inside a folder: {hops}]")
+    return out
+
+
+def _long_modules() -> list[str]:
+    out = []
+    for path in _py_files():
+        rel = path.relative_to(REPO).as_posix()
+        n = len(path.read_text(encoding="utf-8").splitlines())
+        if n > MAX_MODULE_LINES and rel not in LONG_MODULES:
+            out.append(
+                f"{rel}: {n} lines [size: split modules over {MAX_MODULE_LINES} lines by what "
+                "they do, or add the module to LONG_MODULES with the reason]"
+            )
+    for rel in sorted(LONG_MODULES):
+        path = REPO / rel
+        if not path.is_file() or len(path.read_text(encoding="utf-8").splitlines()) <= (
+            MAX_MODULE_LINES
+        ):
+            out.append(f"{rel}: listed in LONG_MODULES but missing or short [stale allow-list]")
+    return out
+
+
+def test_no_cycles_inside_a_folder():
+    cycles = _folder_cycles()
+    if cycles:
+        pytest.fail(f"{len(cycles)} cycle(s):\n" + "\n".join(cycles), pytrace=False)
+
+
+def test_module_sizes():
+    long = _long_modules()
+    if long:
+        pytest.fail(f"{len(long)} module(s) too long:\n" + "\n".join(long), pytrace=False)
+
+
 def test_layer_rules():
     violations = _violations()
     if violations:
@@ -375,3 +462,5 @@ def f():
     graph = {"a": {"b": ref}, "b": {"c": ref, "d": ref}, "c": {"a": ref}, "d": {}}
     assert _cycles(graph) == [["a", "b", "c", "a"]]
     assert _cycles({"a": {"b": ref}, "b": {}}) == []
+    assert [r.type_only for r in refs if r.module == "jaxrl_agents.jobs"] == [True]
+    assert not any(r.type_only for r in refs if r.module != "jaxrl_agents.jobs")
