@@ -122,7 +122,8 @@ def demo_steps(steps: int, tasks: int, group: int, seed: int = 0):
 
     from jaxrl_agents.cli.app import compose
     from jaxrl_agents.cli.train import to_run_config
-    from jaxrl_agents.jobs.build import build_chat, resolve_env, seq_buckets
+    from jaxrl_agents.jobs.build import build_chat, resolve_env
+    from jaxrl_agents.jobs.system import seq_buckets
     from jaxrl_agents.rollout import Collector, ScriptedEngine
 
     cfg = to_run_config(compose("config", []))
@@ -137,7 +138,7 @@ def demo_steps(steps: int, tasks: int, group: int, seed: int = 0):
     for s in range(steps):
         batch = env.tasks("train", tasks, seed=seed * 1000 + s)
         out.append(asyncio.run(orch.run(batch, group_size=group, seed=s)))
-    return out, seq_buckets(cfg), len(chat.tokenizer)
+    return out, seq_buckets(cfg.trainer, cfg.rollout), len(chat.tokenizer)
 
 
 # -- the benchmark ------------------------------------------------------------------------------
@@ -307,8 +308,9 @@ def bench_packing(
     spec["vocab_size"] = max(spec["vocab_size"], demo_vocab)
     cfg, graphdef, rest, tx, state = _setup(spec, dtype=dtype, remat=remat, seed=seed)
     chunk = chunk or min(math.gcd(*buckets, *demo_buckets, demo_extra), 128)  # divides every row
-    step = make_train_step(graphdef, tx, rl_loss(LossConfig(name="ppo_clip"), chunk=chunk),
-                           rest=rest)  # fmt: skip
+    step = make_train_step(
+        graphdef, tx, rl_loss(LossConfig(name="ppo_clip"), chunk=chunk), rest=rest
+    )
     compiled = step._cache_size  # programs in the jit cache (one per distinct batch shape)
     rng = np.random.default_rng(seed)
     lo, hi = min(mix[0], max(buckets) // 2), min(mix[1], max(buckets))
@@ -380,8 +382,10 @@ def bench_packing(
     for mix_name, v in packing.items():
         v["speedup"] = v["packed"]["real_tok_s"] / v["unpacked"]["real_tok_s"]
         # step by step (same trajectories, run back to back): robust to a machine's load drift
-        paired = [u / p for u, p in zip(times[(mix_name, "unpacked")],
-                                        times[(mix_name, "packed")], strict=True)]  # fmt: skip
+        paired = [
+            u / p
+            for u, p in zip(times[(mix_name, "unpacked")], times[(mix_name, "packed")], strict=True)
+        ]
         v["speedup_paired_median"] = statistics.median(paired)
         v["speedup_paired_p10"] = float(np.percentile(paired, 10))
         v["speedup_paired_p90"] = float(np.percentile(paired, 90))
@@ -416,12 +420,18 @@ def bench_packing(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--model", choices=[*MODELS, "all"], default="tiny",
-                    help="'all' = tiny and 40m")  # fmt: skip
+    ap.add_argument(
+        "--model", choices=[*MODELS, "all"], default="tiny", help="'all' = tiny and 40m"
+    )
     ap.add_argument("--steps", type=int, default=10, help="timed steps per mix and layout")
     ap.add_argument("--batch", type=int, default=64, help="trajectories per synthetic step")
-    ap.add_argument("--buckets", type=int, nargs="+", default=[128, 256, 512, 1024],
-                    help="length buckets of the synthetic mix")  # fmt: skip
+    ap.add_argument(
+        "--buckets",
+        type=int,
+        nargs="+",
+        default=[128, 256, 512, 1024],
+        help="length buckets of the synthetic mix",
+    )
     ap.add_argument(
         "--mix",
         type=int,
@@ -457,13 +467,22 @@ def main() -> None:
         buckets = [b for b in buckets if b <= 256] or [min(buckets)]
     results = []
     for name in names:
-        r = bench_packing(name, steps=steps, batch=batch, buckets=buckets, mix=tuple(args.mix),
-                  demo=demo, demo_extra=0 if args.quick else args.demo_extra_bucket,
-                  dtype=args.dtype)  # fmt: skip
+        r = bench_packing(
+            name,
+            steps=steps,
+            batch=batch,
+            buckets=buckets,
+            mix=tuple(args.mix),
+            demo=demo,
+            demo_extra=0 if args.quick else args.demo_extra_bucket,
+            dtype=args.dtype,
+        )
         results.append(r)
-        print(f"{name} ({r['params'] / 1e6:.1f}M params), {r['steps']} steps per mix and "
-              f"layout, {r['compiles']} compiles ({r['compiles_after_warmup']} after "
-              "warm-up):")  # fmt: skip
+        print(
+            f"{name} ({r['params'] / 1e6:.1f}M params), {r['steps']} steps per mix and "
+            f"layout, {r['compiles']} compiles ({r['compiles_after_warmup']} after "
+            "warm-up):"
+        )
         for mix_name, v in r["packing"].items():
             for layout in ("unpacked", "packed"):
                 x = v[layout]
@@ -475,8 +494,10 @@ def main() -> None:
                     f"{x['step_s_median']:.3f} s/step, shapes {x['shapes']}"
                 )
             med, p10, p90 = (v[f"speedup_paired_{k}"] for k in ("median", "p10", "p90"))
-            print(f"  {mix_name:>9} packed / unpacked real tok/s: {v['speedup']:.2f}x "
-                  f"(step by step: median {med:.2f}x, p10 {p10:.2f}x, p90 {p90:.2f}x)")  # fmt: skip
+            print(
+                f"  {mix_name:>9} packed / unpacked real tok/s: {v['speedup']:.2f}x "
+                f"(step by step: median {med:.2f}x, p10 {p10:.2f}x, p90 {p90:.2f}x)"
+            )
     if args.json:
         head = results[0]
         print(

@@ -38,7 +38,7 @@ PKG = REPO / "jaxrl_agents"
 TOP = "jaxrl_agents"
 
 LAYERS: dict[str, int] = {
-    **dict.fromkeys(("types", "sharding", "facts", "distributed"), 1),
+    **dict.fromkeys(("types", "sharding", "facts", "distributed", "rng"), 1),
     **dict.fromkeys(("models", "algos", "rewards", "envs"), 2),
     **dict.fromkeys(("chat", "generation"), 3),
     "rollout": 4,

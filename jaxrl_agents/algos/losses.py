@@ -95,7 +95,7 @@ class LossConfig:
     max_len_norm: int | None = None
     """Dr. GRPO's constant for ``seq-mean-token-sum-norm``; None: the padded length ``T`` (the
     row length, which packed rows change: the jobs resolve None to the generation budget,
-    ``jobs.build.effective_loss``)."""
+    ``jobs.system.effective_loss``)."""
     is_correction: str = "none"
     """Sampler/learner mismatch correction (one of ``IS_CORRECTIONS``), with ``rho = pi_old / mu``
     (``pi_old``: the learner at the step's starting weights, ``mu``: the sampler's behaviour
@@ -367,9 +367,13 @@ def policy_loss(
     """
     m = loss_mask
     agg = lambda x: aggregate(
-        x, m, cfg.agg_mode, max_len=cfg.max_len_norm, denominator=denominator,
+        x,
+        m,
+        cfg.agg_mode,
+        max_len=cfg.max_len_norm,
+        denominator=denominator,
         segment_ids=segment_ids,
-    )  # fmt: skip
+    )
     fn = POLICY_LOSSES[cfg.name]
     seg = {"segment_ids": segment_ids} if segment_ids is not None and _takes_segments(fn) else {}
     tok = fn(
