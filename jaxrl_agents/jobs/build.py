@@ -23,7 +23,7 @@ from jaxrl_agents.algos import LossConfig
 from jaxrl_agents.chat import ChatFormat, load_tiny_tokenizer
 from jaxrl_agents.chat.templates import resolve_template
 from jaxrl_agents.chat.tool_calls import TOOL_CALL_PARSERS, detect_tool_parser
-from jaxrl_agents.envs import resolve_env_class
+from jaxrl_agents.envs import Env, resolve_env_class
 from jaxrl_agents.generation import Engine, EngineConfig
 from jaxrl_agents.jobs.config import ChatSpec, ConfigError, EnvSpec, ModelSpec, RunConfig
 from jaxrl_agents.models import ModelConfig, Transformer, load_pretrained
@@ -34,7 +34,7 @@ from jaxrl_agents.rollout import Collector, RolloutConfig, ScriptedEngine
 from jaxrl_agents.rollout.scripted import accepts, oracle_for
 from jaxrl_agents.sharding import shard_model
 from jaxrl_agents.training.critic import ATTR, attach_critic
-from jaxrl_agents.types import EndReason
+from jaxrl_agents.types import EndReason, Task
 
 # -- environments ---------------------------------------------------------------------------------
 
@@ -43,7 +43,7 @@ from jaxrl_agents.types import EndReason
 class EnvBinding:
     """An env class with its validated constructor and task-generator arguments."""
 
-    cls: type
+    cls: type[Env]
     kwargs: dict[str, Any]
     task_kwargs: dict[str, Any]
     golden_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -51,16 +51,16 @@ class EnvBinding:
     golden_task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """``make_tasks`` arguments of the SFT golden data (``env.sft_tasks`` over these)."""
 
-    def factory(self) -> Any:
+    def factory(self) -> Env:
         return self.cls(**self.kwargs)
 
-    def golden_factory(self) -> Any:
+    def golden_factory(self) -> Env:
         return self.cls(**{**self.kwargs, **self.golden_kwargs})
 
-    def tasks(self, split: str, n: int, *, seed: int) -> list:
+    def tasks(self, split: str, n: int, *, seed: int) -> list[Task]:
         return self.cls.make_tasks(split, n, seed=seed, **self.task_kwargs)
 
-    def golden_tasks(self, split: str, n: int, *, seed: int) -> list:
+    def golden_tasks(self, split: str, n: int, *, seed: int) -> list[Task]:
         kw = {**self.task_kwargs, **self.golden_task_kwargs}
         return self.cls.make_tasks(split, n, seed=seed, **kw)
 
