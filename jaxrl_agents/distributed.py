@@ -218,14 +218,6 @@ def replicate_locally(tree: Any, mesh: Mesh, local: Mesh) -> Any:
     )
 
 
-def local_rows(x: jax.Array, sharding: NamedSharding) -> np.ndarray:
-    """This process's rows of a global batch array (the inverse of ``place``)."""
-    if jax.process_count() == 1:
-        return np.asarray(x)
-    local = multihost_utils.global_array_to_host_local_array(x, sharding.mesh, sharding.spec)
-    return np.asarray(local)
-
-
 def host_value(tree: Any) -> Any:
     """Replicated results of a global computation (metrics, counters) as host numpy values."""
 

@@ -122,7 +122,8 @@ def demo_steps(steps: int, tasks: int, group: int, seed: int = 0):
 
     from jaxrl_agents.cli.app import compose
     from jaxrl_agents.cli.train import to_run_config
-    from jaxrl_agents.jobs.build import build_chat, resolve_env, seq_buckets
+    from jaxrl_agents.jobs.build import build_chat, resolve_env
+    from jaxrl_agents.jobs.system import seq_buckets
     from jaxrl_agents.rollout import Collector, ScriptedEngine
 
     cfg = to_run_config(compose("config", []))
@@ -137,7 +138,7 @@ def demo_steps(steps: int, tasks: int, group: int, seed: int = 0):
     for s in range(steps):
         batch = env.tasks("train", tasks, seed=seed * 1000 + s)
         out.append(asyncio.run(orch.run(batch, group_size=group, seed=s)))
-    return out, seq_buckets(cfg), len(chat.tokenizer)
+    return out, seq_buckets(cfg.trainer, cfg.rollout), len(chat.tokenizer)
 
 
 # -- the benchmark ------------------------------------------------------------------------------

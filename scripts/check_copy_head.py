@@ -23,8 +23,8 @@ import numpy as np
 from jaxrl_agents import distributed as D
 from jaxrl_agents.cli.app import compose
 from jaxrl_agents.cli.train import to_run_config
-from jaxrl_agents.jobs.build import build_train
-from jaxrl_agents.jobs.copy_rows import COPY_LEN, copy_rows, ordinary_ids
+from jaxrl_agents.jobs.system import build_train
+from jaxrl_agents.training.copy_rows import COPY_LEN, copy_rows, ordinary_ids
 from jaxrl_agents.training.objectives import sft_loss
 from jaxrl_agents.training.step import LossInputs, init_train_state, make_train_step
 
@@ -43,13 +43,17 @@ def main() -> None:
     system = build_train(cfg)
     tx = dataclasses.replace(cfg.optimizer, lr=cfg.trainer.sft_lr, decay_steps=0).build()
     state = D.replicated_on(init_train_state(system.initial_params, tx), system.mesh)
-    step = make_train_step(system.graphdef, tx, sft_loss(chunk=cfg.trainer.logprob_chunk),
-                           rest=system.rest)  # fmt: skip
+    step = make_train_step(
+        system.graphdef, tx, sft_loss(chunk=cfg.trainer.logprob_chunk), rest=system.rest
+    )
     vocab = ordinary_ids(system.chat.tokenizer)
     rng = np.random.default_rng(args.seed)
     share = slice(0, args.batch)
-    print(f"copy rows of {args.length} tokens, {args.batch} a step, lr {cfg.trainer.sft_lr}; "
-          f"chance NLL {math.log(len(vocab)):.2f}", flush=True)  # fmt: skip
+    print(
+        f"copy rows of {args.length} tokens, {args.batch} a step, lr {cfg.trainer.sft_lr}; "
+        f"chance NLL {math.log(len(vocab)):.2f}",
+        flush=True,
+    )
     t0, nll, formed = time.time(), [], None
     for s in range(1, args.steps + 1):
         rows = copy_rows(rng, vocab, args.batch, length=args.length)
@@ -59,8 +63,10 @@ def main() -> None:
         if formed is None and np.mean(nll[-10:]) < 1.0:
             formed = s
         if s % 50 == 0:
-            print(f"step {s:5d}  copy NLL {np.mean(nll[-50:]):.3f}  {time.time() - t0:.0f} s",
-                  flush=True)  # fmt: skip
+            print(
+                f"step {s:5d}  copy NLL {np.mean(nll[-50:]):.3f}  {time.time() - t0:.0f} s",
+                flush=True,
+            )
     print("the repeat is copied (NLL over 10 steps < 1.0) from step", formed or "never")
 
 

@@ -8,7 +8,7 @@ first component after ``jaxrl_agents.`` (a subpackage, or a top-level module suc
 
 Layers, lowest first; a unit imports only from its own layer or below:
 
-1. types, batches, sharding, facts, distributed
+1. types, batches, rng, sharding, facts, distributed
 2. models, algos, rewards, envs
 3. chat, generation
 4. rollout, serve
@@ -40,7 +40,7 @@ PKG = REPO / "jaxrl_agents"
 TOP = "jaxrl_agents"
 
 LAYERS: dict[str, int] = {
-    **dict.fromkeys(("types", "batches", "sharding", "facts", "distributed"), 1),
+    **dict.fromkeys(("types", "batches", "rng", "sharding", "facts", "distributed"), 1),
     **dict.fromkeys(("models", "algos", "rewards", "envs"), 2),
     **dict.fromkeys(("chat", "generation"), 3),
     **dict.fromkeys(("rollout", "serve"), 4),

@@ -90,8 +90,9 @@ def bash_commands(text: str) -> list[tuple[list[str], str | None]]:
                 continue
             notes = [ln.split(NEEDS, 1)[1].strip() for ln in above + raw if NEEDS in ln]
             above = []
-            lex = shlex.shlex(" ".join(ln.rstrip().rstrip("\\") for ln in raw), posix=True,
-                              punctuation_chars=";&")  # fmt: skip
+            lex = shlex.shlex(
+                " ".join(ln.rstrip().rstrip("\\") for ln in raw), posix=True, punctuation_chars=";&"
+            )
             lex.whitespace_split = True
             argv: list[str] = []
             for token in [*lex, ";"]:
@@ -183,7 +184,7 @@ def test_readme_real_model_commands_compose():
     """The README's SmolLM2 commands name real keys and presets: each composes into its typed
     config (the runs themselves take minutes on 2 cores: ``scripts/check_real_model.py`` runs them
     as written), the training one with LoRA on the SmolLM2 file and no from-scratch warning."""
-    from jaxrl_agents.jobs.build import pretrained_warning
+    from jaxrl_agents.jobs.system import pretrained_warning
 
     cmds = {program(argv): argv for argv in _real_model_commands()}
     assert set(cmds) == {"jaxrl-eval", "jaxrl-train", "jaxrl-export"}

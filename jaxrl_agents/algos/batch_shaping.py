@@ -92,7 +92,7 @@ class DynamicSampler:
     informative group, the last round's groups unfiltered (``stats.fallback = 1``), so a step
     always has episodes to train on. Keyed on the reward, those groups have zero advantage (a
     no-op update); keyed on the outcome, they would train the shaping terms alone, so the training
-    job masks their loss and skips the update (``jobs.steps.StepSource.no_loss``). A long run
+    job masks their loss and skips the update (``rollout.dynamic.StepSource.no_loss``). A long run
     should not stop for one unlucky step.
     """
 

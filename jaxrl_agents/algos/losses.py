@@ -102,7 +102,7 @@ class LossConfig:
     max_len_norm: int | None = None
     """Dr. GRPO's constant for ``seq-mean-token-sum-norm``; None: the padded length ``T`` (the
     row length, which packed rows change: the jobs resolve None to the generation budget,
-    ``jobs.build.effective_loss``)."""
+    ``jobs.system.effective_loss``)."""
     is_correction: str = "none"
     """Sampler/learner mismatch correction (one of ``IS_CORRECTIONS``), with ``rho = pi_old / mu``
     (``pi_old``: the learner at the step's starting weights, ``mu``: the sampler's behaviour

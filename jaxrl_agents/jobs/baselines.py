@@ -26,17 +26,17 @@ import numpy as np
 from jaxrl_agents import distributed as D
 from jaxrl_agents.jobs.config import JobAborted
 from jaxrl_agents.jobs.records import every
-from jaxrl_agents.jobs.steps import StepSource
+from jaxrl_agents.jobs.run import Run
 from jaxrl_agents.training.objectives import sft_loss
 from jaxrl_agents.training.step import LossInputs, TrainState, make_train_step
 
 
-async def rft(run: Any, engine: Any, state: TrainState) -> TrainState:
-    """The RFT stage of ``run`` (``jobs.train._Run``) from ``state`` (the starting policy, which
-    ``engine`` holds); returns the fine-tuned state, checkpointed as RL's last step."""
+async def rft(run: Run, engine: Any, state: TrainState) -> TrainState:
+    """The RFT stage of ``run`` from ``state`` (the starting policy, which ``engine`` holds);
+    returns the fine-tuned state, checkpointed as RL's last step."""
     cfg, tr, system = run.cfg, run.tr, run.sys
     group, collector = cfg.rollout.group_size, system.collector
-    source = StepSource(collector, system.env, run.keys, run.train_tasks, tr.tasks_per_step, group)
+    source = run.step_source(dynamic=False)
     kept: list[tuple[list[int], list[int]]] = []
     episodes = 0
     for s in run.bar(0, tr.rl_steps, "RFT sampling"):
@@ -58,9 +58,12 @@ async def rft(run: Any, engine: Any, state: TrainState) -> TrainState:
     tx = opt.build()
     state = run.fresh_state(state.params, tx)
     step_fn = make_train_step(
-        system.graphdef, tx, sft_loss(chunk=tr.logprob_chunk),
-        microbatches=tr.microbatches, rest=system.rest,
-    )  # fmt: skip
+        system.graphdef,
+        tx,
+        sft_loss(chunk=tr.logprob_chunk),
+        microbatches=tr.microbatches,
+        rest=system.rest,
+    )
     rows_per_step = tr.tasks_per_step * group
     share = D.even_share(rows_per_step, "trainer.tasks_per_step x rollout.group_size")
     rng = np.random.default_rng(run.keys.seed("rft_order"))
@@ -71,7 +74,11 @@ async def rft(run: Any, engine: Any, state: TrainState) -> TrainState:
         if every(10, s + 1) or s + 1 == tr.rl_steps:
             run.logger.log(s + 1, D.host_value(m), stage="rft")
     if len(kept) < rows_per_step:
-        print(f"WARNING: RFT: {len(kept)} kept episodes for batches of {rows_per_step} rows: "
-              "each step repeats them", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"WARNING: RFT: {len(kept)} kept episodes for batches of {rows_per_step} rows: "
+            "each step repeats them",
+            file=sys.stderr,
+            flush=True,
+        )
     run.checkpoint(tr.sft_steps + tr.rl_steps, state, "rl", tr.rl_steps, force=True)
     return state

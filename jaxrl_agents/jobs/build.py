@@ -1,22 +1,40 @@
-"""The composition root: everything a job needs, built from one typed config.
-
-:func:`build_train` turns a :class:`RunConfig` into a :class:`TrainSystem` — tokenizer and chat
-format, the policy and its shardings, the sampler view of its weights, the env binding, the reward
-composer and the rollout collector. Every cross-group check runs first (:func:`check_run`), before
-anything compiles, and raises :class:`ConfigError` naming the dotted key. The eval and export jobs
-use the same builders (:func:`build_tokenizer`, :func:`build_model`, :func:`resolve_env`, ...), so
-there is one way to make each thing.
+"""The builders of the jobs' components, one way to make each thing from its config group: the
+env binding (:func:`resolve_env`), tokenizer and chat format (:func:`build_tokenizer`,
+:func:`build_chat`), the policy (:func:`build_model`, :func:`build_policy`), the sampler engine
+and the reward composer; and the start-up check of a chat format and rollout limits against the
+env's oracle (:func:`check_oracle_limits`). Errors are :class:`ConfigError` naming the dotted key.
+The train job wires them into a ``jobs.system.TrainSystem``; the eval and export jobs use them as
+they are.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from flax import nnx
+
+from jaxrl_agents.algos import LossConfig
+from jaxrl_agents.chat import ChatFormat, load_tiny_tokenizer
+from jaxrl_agents.chat.templates import resolve_template
+from jaxrl_agents.chat.tool_calls import TOOL_CALL_PARSERS, detect_tool_parser
+from jaxrl_agents.envs import Env, resolve_env_class
+from jaxrl_agents.generation import Engine, EngineConfig
 from jaxrl_agents.jobs.config import ChatSpec, ConfigError, EnvSpec, ModelSpec, RunConfig
+from jaxrl_agents.models import ModelConfig, Transformer, load_pretrained
+from jaxrl_agents.models.gguf import GGUFError, is_gguf, local_folder
+from jaxrl_agents.models.lora import add_lora
+from jaxrl_agents.rewards import RewardComposer, RewardConfig
+from jaxrl_agents.rollout import Collector, RolloutConfig, ScriptedEngine
+from jaxrl_agents.rollout.scripted import accepts, oracle_for
+from jaxrl_agents.sharding import shard_model
+from jaxrl_agents.training.critic import ATTR, attach_critic
+from jaxrl_agents.types import EndReason, Task
 
 # -- environments ---------------------------------------------------------------------------------
 
@@ -25,7 +43,7 @@ from jaxrl_agents.jobs.config import ChatSpec, ConfigError, EnvSpec, ModelSpec, 
 class EnvBinding:
     """An env class with its validated constructor and task-generator arguments."""
 
-    cls: type
+    cls: type[Env]
     kwargs: dict[str, Any]
     task_kwargs: dict[str, Any]
     golden_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -33,16 +51,16 @@ class EnvBinding:
     golden_task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """``make_tasks`` arguments of the SFT golden data (``env.sft_tasks`` over these)."""
 
-    def factory(self) -> Any:
+    def factory(self) -> Env:
         return self.cls(**self.kwargs)
 
-    def golden_factory(self) -> Any:
+    def golden_factory(self) -> Env:
         return self.cls(**{**self.kwargs, **self.golden_kwargs})
 
-    def tasks(self, split: str, n: int, *, seed: int) -> list:
+    def tasks(self, split: str, n: int, *, seed: int) -> list[Task]:
         return self.cls.make_tasks(split, n, seed=seed, **self.task_kwargs)
 
-    def golden_tasks(self, split: str, n: int, *, seed: int) -> list:
+    def golden_tasks(self, split: str, n: int, *, seed: int) -> list[Task]:
         kw = {**self.task_kwargs, **self.golden_task_kwargs}
         return self.cls.make_tasks(split, n, seed=seed, **kw)
 
@@ -52,8 +70,6 @@ class EnvBinding:
 
     def oracle(self, options: dict[str, Any], *, rng: Any = None, key: str = "env.oracle"):
         """``task -> policy`` of the env's scripted solver with ``options`` (checked by name)."""
-        from jaxrl_agents.rollout.scripted import accepts, oracle_for
-
         try:
             fn = oracle_for(self.cls)
         except ValueError as e:
@@ -78,8 +94,6 @@ class EnvBinding:
 def resolve_env(spec: EnvSpec, *, extra_task_kwargs: dict[str, Any] | None = None) -> EnvBinding:
     """Resolve ``env.name`` and check ``env.options`` / ``env.tasks`` against the class (one env
     is constructed and the ``make_tasks`` signature read, so bad names fail now)."""
-    from jaxrl_agents.envs import resolve_env_class
-
     try:
         cls = resolve_env_class(spec.name)
     except ValueError as e:
@@ -114,8 +128,6 @@ def model_folder(path: str | None, key: str = "model.path") -> str | None:
     missing, unreadable or unsupported."""
     if path is None:
         return None
-    from jaxrl_agents.models.gguf import GGUFError, is_gguf, local_folder
-
     if not is_gguf(path):
         return path
     try:
@@ -129,13 +141,9 @@ def build_tokenizer(spec: ChatSpec, model_path: str | None = None):
     ``chat.template`` set, a private copy carrying that template (so checkpoints and exports
     keep the template the policy was trained with). A GGUF model (``.gguf`` file, ``smollm2``)
     gives the tokenizer of its converted folder (:func:`model_folder`)."""
-    from jaxrl_agents.chat import load_tiny_tokenizer
-
     path = spec.tokenizer or model_path
     template = None
     if spec.template is not None:
-        from jaxrl_agents.chat.templates import resolve_template
-
         try:
             template = resolve_template(spec.template)
         except (ValueError, OSError) as e:
@@ -146,8 +154,13 @@ def build_tokenizer(spec: ChatSpec, model_path: str | None = None):
         key = "chat.tokenizer" if spec.tokenizer else "model.path"
         path = model_folder(path, key)
         if not Path(path).is_dir():
-            raise ConfigError(f"{key}={path}: not a folder; expected a tokenizer or model "
-                              "folder, a .gguf file or one of: smollm2")  # fmt: skip
+            raise ConfigError(
+                f"{key}={path}: not a folder; expected a tokenizer or model "
+                "folder, a .gguf file or one of: smollm2"
+            )
+        # Imported here: transformers' AutoTokenizer takes ~3.9 s to import (measured with
+        # jobs.config loaded), and this module is imported by jobs and tools that never load a
+        # tokenizer from a folder.
         from transformers import AutoTokenizer
 
         try:
@@ -163,8 +176,6 @@ def stop_ids_of(folder: str | None) -> list[int]:
     """The ``eos_token_id`` list of a checkpoint folder's ``generation_config.json`` (every id
     that ends generation, e.g. Qwen's ``<|im_end|>`` and ``<|endoftext|>``); [] without one.
     A GGUF model's is the one of its converted folder (:func:`model_folder`)."""
-    import json
-
     folder = model_folder(folder)
     if folder is None or not (Path(folder) / "generation_config.json").is_file():
         return []
@@ -174,18 +185,17 @@ def stop_ids_of(folder: str | None) -> list[int]:
     return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
 
 
-def build_chat(spec: ChatSpec, model_path: str | None = None, tokenizer: Any = None):
+def build_chat(spec: ChatSpec, model_path: str | None = None, tokenizer: Any = None) -> ChatFormat:
     """The policy's ``ChatFormat`` from the ``chat`` group (errors name the ``chat.*`` key).
     ``tokenizer``: an already loaded one (e.g. a checkpoint's); default :func:`build_tokenizer`."""
-    from jaxrl_agents.chat import ChatFormat
-    from jaxrl_agents.chat.tool_calls import TOOL_CALL_PARSERS, detect_tool_parser
-
     tok = tokenizer if tokenizer is not None else build_tokenizer(spec, model_path)
     template = getattr(tok, "chat_template", None)
     label = spec.template or f"(the tokenizer's own, {spec.tokenizer or model_path or 'tiny'})"
     if not isinstance(template, str) or not template:
-        raise ConfigError(f"chat.template: the tokenizer of {label} has no chat template; set "
-                          "chat.template to a template file or one of tiny, qwen2.5")  # fmt: skip
+        raise ConfigError(
+            f"chat.template: the tokenizer of {label} has no chat template; set "
+            "chat.template to a template file or one of tiny, qwen2.5"
+        )
     parser = spec.tool_parser
     if parser == "auto":
         try:
@@ -193,12 +203,19 @@ def build_chat(spec: ChatSpec, model_path: str | None = None, tokenizer: Any = N
         except ValueError as e:
             raise ConfigError(f"chat.tool_parser=auto with chat.template={label}: {e}") from e
     elif parser not in TOOL_CALL_PARSERS:
-        raise ConfigError(f"chat.tool_parser={parser}: not a registered tool-call format; valid: "
-                          f"auto, {', '.join(sorted(TOOL_CALL_PARSERS))}")  # fmt: skip
+        raise ConfigError(
+            f"chat.tool_parser={parser}: not a registered tool-call format; valid: "
+            f"auto, {', '.join(sorted(TOOL_CALL_PARSERS))}"
+        )
     extra = stop_ids_of(model_path) + stop_ids_of(spec.tokenizer)
     try:
-        chat = ChatFormat(tok, tool_parser=parser, thinking=spec.thinking,
-                          max_tool_calls=spec.max_tool_calls, extra_stop_ids=extra)  # fmt: skip
+        chat = ChatFormat(
+            tok,
+            tool_parser=parser,
+            thinking=spec.thinking,
+            max_tool_calls=spec.max_tool_calls,
+            extra_stop_ids=extra,
+        )
     except ValueError as e:
         key = "chat.thinking" if "thinking" in str(e) else "chat.template"
         raise ConfigError(f"{key} ({label}): {e}") from e
@@ -206,19 +223,19 @@ def build_chat(spec: ChatSpec, model_path: str | None = None, tokenizer: Any = N
     return chat
 
 
-def raise_mismatch(chat: Any, engine: Any) -> None:
+def raise_mismatch(chat: ChatFormat, engine: ScriptedEngine) -> None:
     """``ConfigError`` for the first template / parser mismatch a checking scripted engine saw."""
     if not engine.mismatches:
         return
-    from jaxrl_agents.chat.tool_calls import detect_tool_parser
-
     try:
         fits = detect_tool_parser(chat.chat_template)
     except ValueError:
         fits = None
-    hint = (f"set chat.tool_parser={fits} (the format this template renders)"
-            if fits and fits != chat.tool_parser
-            else "choose a chat.template that renders this parser's format")  # fmt: skip
+    hint = (
+        f"set chat.tool_parser={fits} (the format this template renders)"
+        if fits and fits != chat.tool_parser
+        else "choose a chat.template that renders this parser's format"
+    )
     label = getattr(chat, "template_label", "(the tokenizer's own)")
     raise ConfigError(
         f"chat.template={label} and chat.tool_parser={chat.tool_parser} do not match: "
@@ -226,328 +243,96 @@ def raise_mismatch(chat: Any, engine: Any) -> None:
     )
 
 
-def build_model(spec: ModelSpec, *, vocab_size: int, mesh=None, seed: int = 0):
+def build_model(spec: ModelSpec, *, vocab_size: int, mesh=None, seed: int = 0) -> Transformer:
     """A policy from a local HF folder, or a fresh random one from ``spec.init``."""
-    from flax import nnx
-
-    from jaxrl_agents.models import ModelConfig, Transformer, load_pretrained
-    from jaxrl_agents.sharding import shard_model
-
     if spec.path is not None:
         model, _ = load_pretrained(
-            model_folder(spec.path), mesh=mesh, dtype=spec.dtype, param_dtype=spec.param_dtype,
-            tokenizer=False, remat=spec.remat, attention=spec.attention,
-        )  # fmt: skip
+            model_folder(spec.path),
+            mesh=mesh,
+            dtype=spec.dtype,
+            param_dtype=spec.param_dtype,
+            tokenizer=False,
+            remat=spec.remat,
+            attention=spec.attention,
+        )
         return model
     if not spec.init:
         raise ConfigError("model.path is null and model.init is empty: give one of them")
     cfg = ModelConfig.from_hf_config({"vocab_size": vocab_size, **spec.init})
     names = {f.name for f in dataclasses.fields(cfg)}
-    kw = {"dtype": spec.dtype, "param_dtype": spec.param_dtype, "remat": spec.remat,
-          "attention": spec.attention}  # fmt: skip
+    kw = {
+        "dtype": spec.dtype,
+        "param_dtype": spec.param_dtype,
+        "remat": spec.remat,
+        "attention": spec.attention,
+    }
     cfg = dataclasses.replace(cfg, **{k: v for k, v in kw.items() if k in names})
     model = Transformer(cfg, rngs=nnx.Rngs(seed))
     return shard_model(model, mesh) if mesh is not None else model
 
 
-def uses_critic(cfg: RunConfig) -> bool:
+def uses_critic(loss: LossConfig) -> bool:
     """Whether the run trains a critic (a value head on the policy's trunk): the loss has a
     value term (``loss.vf_coef > 0``)."""
-    return cfg.loss.vf_coef > 0
+    return loss.vf_coef > 0
 
 
-def build_policy(cfg: RunConfig, *, vocab_size: int, mesh=None):
-    """The policy of ``cfg`` (``build_model``), with its critic attached when the run has one."""
+def build_policy(cfg: RunConfig, *, vocab_size: int, mesh=None) -> Transformer:
+    """The policy of ``cfg`` (``build_model``), with its critic attached when the run has one.
+    Takes the whole config: it reads ``model``, ``loss``, ``seed`` and ``trainer.rl_seed``."""
     model = build_model(cfg.model, vocab_size=vocab_size, mesh=mesh, seed=cfg.seed)
     lora = cfg.model.lora.config()
     if lora is not None:  # adapters on the frozen base, drawn from the run's seed
-        from jaxrl_agents.models.lora import add_lora
-
         add_lora(model, lora, seed=cfg.seed, mesh=mesh)
-    if uses_critic(cfg):
-        from jaxrl_agents.training.critic import attach_critic
-
+    if uses_critic(cfg.loss):
         rl_seed = cfg.trainer.rl_seed
         attach_critic(model, seed=cfg.seed if rl_seed is None else rl_seed)
     return model
 
 
-def trainable(model) -> Any:
+def trainable(model: Transformer) -> Any:
     """The NNX filter of what the optimizer trains: every ``nnx.Param``, or with LoRA
     (``model.lora``) the adapters and the critic's head only, the base frozen."""
-    from flax import nnx
-
     if getattr(model.cfg, "lora", None) is None:
         return nnx.Param
-    from jaxrl_agents.training.critic import ATTR
-
     return nnx.Any(nnx.LoRAParam, nnx.All(nnx.Param, nnx.PathContains(ATTR)))
 
 
-def split_params(model) -> tuple[Any, Any, Any]:
+def split_params(model: Transformer) -> tuple[Any, Any, Any]:
     """(graphdef, trainable params, everything else) of an NNX model (see :func:`trainable`)."""
-    from flax import nnx
-
     return nnx.split(model, trainable(model), ...)
 
 
-def build_engine(model, cfg, *, mesh=None):
-    from jaxrl_agents.generation import Engine
-
+def build_engine(model: Transformer, cfg: EngineConfig, *, mesh=None) -> Engine:
     return Engine(model, cfg, mesh=mesh)
 
 
-def generation_defaults(rollout) -> dict[str, Any]:
+def generation_defaults(rollout: RolloutConfig) -> dict[str, Any]:
     """The ``rollout`` group's sampling settings as Hugging Face ``generation_config`` entries, so
     an exported policy samples by default the way it was trained to."""
     if rollout.temperature == 0:
         return {"do_sample": False}
     # top_k always: transformers' default is 50, while 0 keeps every token, as in training.
-    out = {"do_sample": True, "temperature": rollout.temperature, "top_p": rollout.top_p,
-           "top_k": rollout.top_k}  # fmt: skip
+    out = {
+        "do_sample": True,
+        "temperature": rollout.temperature,
+        "top_p": rollout.top_p,
+        "top_k": rollout.top_k,
+    }
     if rollout.min_p > 0:
         out["min_p"] = rollout.min_p
     return out
 
 
-def build_reward(cfg):
-    from jaxrl_agents.rewards import RewardComposer
-
+def build_reward(cfg: RewardConfig) -> RewardComposer:
     return RewardComposer(cfg)
 
 
-# -- the training system --------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class TrainSystem:
-    """The wired training job (see module docstring)."""
-
-    cfg: RunConfig
-    mesh: Any
-    sampler_mesh: Any
-    """Where the sampler runs: ``mesh`` with one process, else this process's block of it."""
-    tokenizer: Any
-    chat: Any
-    model: Any
-    graphdef: Any
-    rest: Any
-    env: EnvBinding
-    reward: Any
-    collector: Any
-    loss: Any
-    """The policy loss as trained (``cfg.loss`` with derived defaults filled in, see
-    :func:`effective_loss`)."""
-    _sampler_rest: Any = dataclasses.field(default=None, repr=False)
-
-    @property
-    def initial_params(self) -> Any:
-        return split_params(self.model)[1]
-
-    def merged(self, params: Any) -> Any:
-        from flax import nnx
-
-        return nnx.merge(self.graphdef, params, self.rest)
-
-    def sampler_view(self, params: Any) -> Any:
-        """The policy with ``params`` on the sampler's mesh (with several processes a collective:
-        every process calls it at the same point)."""
-        from jaxrl_agents import distributed as D
-
-        if self.sampler_mesh is self.mesh:
-            return self.merged(params)
-        if self._sampler_rest is None:
-            self._sampler_rest = D.replicate_locally(self.rest, self.mesh, self.sampler_mesh)
-        from flax import nnx
-
-        local = D.replicate_locally(params, self.mesh, self.sampler_mesh)
-        return nnx.merge(self.graphdef, local, self._sampler_rest)
-
-    def engine(self, params: Any):
-        return build_engine(self.sampler_view(params), self.cfg.sampler, mesh=self.sampler_mesh)
-
-    def golden_collector(self):
-        """The collector of SFT golden data: the same rollout path, no reward, the env with
-        ``env.sft_options``."""
-        return dataclasses.replace(self.collector, reward=None, env_factory=self.env.golden_factory)
-
-
-def seq_buckets(cfg: RunConfig) -> list[int]:
-    """``trainer.seq_buckets``, or the ladder 128, 192, 256, 384, 512, 768, ... up to the first
-    length that holds ``rollout.max_total_tokens``."""
-    if cfg.trainer.seq_buckets is not None:
-        return sorted(cfg.trainer.seq_buckets)
-    out, n = [128], 128
-    while out[-1] < cfg.rollout.max_total_tokens:
-        n = n * 3 // 2 if n & (n - 1) == 0 else n * 4 // 3
-        out.append(n)
-    return out
-
-
-def check_run(cfg: RunConfig, env: EnvBinding) -> None:
-    """Cross-group checks, before anything is built or compiled; one line each."""
-    import jax
-
-    tr, r = cfg.trainer, cfg.rollout
-    try:
-        cfg.advantage.validate(group_size=r.group_size, has_turns=True, has_values=uses_critic(cfg))
-    except ValueError as e:
-        hint = ""
-        if "value head" in str(e):
-            hint = " that is trained: set loss.vf_coef > 0 (e.g. loss=ppo_value)"
-        raise ConfigError(f"advantage.name={cfg.advantage.name}: {e}{hint}") from e
-    if cfg.model.path is not None and not Path(cfg.model.path).is_dir():
-        from jaxrl_agents.models.gguf import VALID, GGUFError, is_gguf, resolve_gguf
-
-        if not is_gguf(cfg.model.path):
-            raise ConfigError(f"model.path={cfg.model.path!r} is not a folder; expected {VALID}")
-        try:  # found and a GGUF file; converted (once, cached) when the model is built
-            resolve_gguf(cfg.model.path)
-        except GGUFError as e:
-            raise ConfigError(f"model.path={cfg.model.path}: {e}") from e
-    if tr.sft_from is not None:  # RL from another run's SFT result: made the same way
-        from jaxrl_agents.jobs.restore import check_sft_source
-
-        check_sft_source(cfg)
-    elif tr.sft_steps > 0 and tr.sft_oracle:  # SFT on the oracle's golden data needs one
-        env.oracle(cfg.env.oracle)
-    nproc = jax.process_count()
-    if tr.tasks_per_step % nproc:
-        raise ConfigError(
-            f"trainer.tasks_per_step={tr.tasks_per_step} is not divisible by the number of "
-            f"processes ({nproc})"
-        )
-    if tr.sft_steps > 0 and tr.sft_batch_size % nproc:
-        raise ConfigError(
-            f"trainer.sft_batch_size={tr.sft_batch_size} is not divisible by the number of "
-            f"processes ({nproc})"
-        )
-    rows = tr.tasks_per_step // nproc * r.group_size
-    if rows % tr.minibatches:
-        raise ConfigError(
-            f"trainer.minibatches={tr.minibatches} does not divide the {rows} rows of a step "
-            f"(trainer.tasks_per_step x rollout.group_size per process); use a divisor of {rows}"
-        )
-    if (rows // tr.minibatches) % tr.microbatches:
-        raise ConfigError(
-            f"trainer.microbatches={tr.microbatches} does not divide a minibatch's "
-            f"{rows // tr.minibatches} rows"
-        )
-    if tr.sft_steps > 0 and (tr.sft_batch_size // nproc) % tr.microbatches:
-        raise ConfigError(
-            f"trainer.microbatches={tr.microbatches} does not divide the "
-            f"{tr.sft_batch_size // nproc} SFT rows per process (trainer.sft_batch_size)"
-        )
-    bad = [b for b in seq_buckets(cfg) if b % min(tr.logprob_chunk, b)]
-    if bad:
-        raise ConfigError(
-            f"trainer.seq_buckets={list(seq_buckets(cfg))}: {bad} not a multiple of "
-            f"trainer.logprob_chunk={tr.logprob_chunk} (the log-prob computation's chunk)"
-        )
-    if r.max_total_tokens > cfg.sampler.max_seq_len:
-        raise ConfigError(
-            f"rollout.max_total_tokens={r.max_total_tokens} exceeds sampler.max_seq_len="
-            f"{cfg.sampler.max_seq_len} (the engine's per-session context); raise "
-            "sampler.max_seq_len or lower rollout.max_total_tokens"
-        )
-
-
-def pretrained_warning(cfg: RunConfig) -> str | None:
-    """One line when a pretrained checkpoint (``model.path``) meets settings made for a model
-    trained from scratch: synthetic copy steps, or full fine-tuning at a learning rate >= 1e-3
-    (SFT's or RL's), which wipe out what it knows within a few steps."""
-    if cfg.model.path is None:
-        return None
-    tr, bad = cfg.trainer, []
-    if tr.sft_steps > 0 and tr.sft_copy_steps > 0:
-        bad.append(f"trainer.sft_copy_steps={tr.sft_copy_steps} (synthetic copy rows)")
-    if cfg.model.lora.rank is None:
-        if tr.sft_steps > 0 and tr.sft_lr >= 1e-3:
-            bad.append(f"trainer.sft_lr={tr.sft_lr:g} with full fine-tuning")
-        if tr.rl_steps > 0 and cfg.optimizer.lr >= 1e-3:
-            bad.append(f"optimizer.lr={cfg.optimizer.lr:g} with full fine-tuning")
-    if not bad:
-        return None
-    return (f"WARNING: model.path={cfg.model.path} is a pretrained checkpoint but "
-            f"{' and '.join(bad)} are settings for a model trained from scratch; "
-            "trainer=instruct or trainer=instruct_lora are made for it")  # fmt: skip
-
-
-def _mesh(cfg: RunConfig):
-    """The training mesh, checked against the batch sizes it must split."""
-    import jax
-
-    from jaxrl_agents import distributed as D
-    from jaxrl_agents.sharding import MeshError, make_mesh
-
-    m, tr, nproc = cfg.mesh, cfg.trainer, jax.process_count()
-    devices = None
-    if m.devices is not None:
-        if m.devices < 1 or m.devices > len(jax.devices()) or nproc > 1:
-            raise ConfigError(
-                f"mesh.devices={m.devices}: must lie in [1, {len(jax.devices())}] "
-                "(and be null with several processes)"
-            )
-        devices = jax.devices()[: m.devices]
-    try:
-        mesh = make_mesh(tuple(m.shape), devices)
-    except MeshError as e:
-        raise ConfigError(f"mesh.shape={list(m.shape)}: {e}") from e
-    shards = 1
-    for axis in D.batch_axes():
-        shards *= mesh.shape[axis]
-    rows = tr.tasks_per_step * cfg.rollout.group_size
-    sizes = {
-        "a step's rows (trainer.tasks_per_step x rollout.group_size)": rows,
-        "a minibatch's rows (/ trainer.minibatches)": rows // tr.minibatches,
-    }
-    if tr.sft_steps > 0:
-        sizes["trainer.sft_batch_size"] = tr.sft_batch_size
-    for what, n in sizes.items():
-        if n % shards:
-            raise ConfigError(
-                f"{what} = {n} does not split over the {shards} batch shards of mesh.shape="
-                f"{list(m.shape)} ({' x '.join(D.batch_axes())} = {shards}); use a multiple of "
-                f"{shards} or a smaller mesh (e.g. mesh=single)"
-            )
-    return mesh
-
-
-def effective_loss(cfg: RunConfig):
-    """``cfg.loss`` with ``max_len_norm: null`` resolved for ``seq-mean-token-sum-norm``: the
-    episode's generation budget (``rollout.max_turns x rollout.max_new_tokens``), a constant, so
-    the loss scale never follows the padded length bucket a batch happens to land in."""
-    loss = cfg.loss
-    if loss.agg_mode == "seq-mean-token-sum-norm" and loss.max_len_norm is None:
-        budget = cfg.rollout.max_turns * cfg.rollout.max_new_tokens
-        loss = dataclasses.replace(loss, max_len_norm=budget)
-    return loss
-
-
-async def check_oracle_fits(system: TrainSystem, *, n: int = 16) -> dict[str, int]:
-    """Run the env's oracle (with ``env.oracle`` options) on ``n`` train tasks without limits,
-    through the policy's chat format, and stop with one line when the chat format cannot parse
-    back what its template renders, or the configured limits cannot hold the oracle's episodes
-    (otherwise SFT would learn cut-off trajectories and RL could never finish one). Returns what
-    the episodes need."""
-    cfg, env = system.cfg, system.env
-    if cfg.trainer.sft_steps == 0 or not cfg.trainer.sft_oracle:
-        try:
-            env.oracle(cfg.env.oracle)
-        except ConfigError:
-            return {}  # no oracle and no SFT on its data: nothing to measure against
-    limits = [("sampler.max_seq_len", cfg.sampler.max_seq_len, "total_tokens", "tokens in all"),
-              ("trainer.seq_buckets (largest)", max(seq_buckets(cfg)) + 1, "total_tokens",
-               "training positions")]  # fmt: skip
-    return await check_oracle_limits(system.chat, env, cfg.env.oracle, cfg.rollout, limits, n=n,
-                                     env_key=f"env.name={cfg.env.name}")  # fmt: skip
-
-
 async def check_oracle_limits(
-    chat: Any,
+    chat: ChatFormat,
     env: EnvBinding,
     options: dict[str, Any],
-    rollout: Any,
+    rollout: RolloutConfig,
     extra: Sequence[tuple[str, int, str, str]] = (),
     *,
     n: int = 16,
@@ -556,11 +341,6 @@ async def check_oracle_limits(
     """The oracle's ``n`` train episodes without limits through ``chat``: ``ConfigError`` on a
     template / tool-parser mismatch, when it answers none, or when ``rollout``'s limits (and the
     ``extra`` ``(key, value, need, what)`` ones) cannot hold them. Returns what they need."""
-    import numpy as np
-
-    from jaxrl_agents.rollout import Collector, RolloutConfig, ScriptedEngine
-    from jaxrl_agents.types import EndReason
-
     free = RolloutConfig(
         group_size=1,
         max_turns=64,
@@ -568,8 +348,11 @@ async def check_oracle_limits(
         max_total_tokens=1 << 22,
         episode_timeout_s=rollout.episode_timeout_s,
     )
-    engine = ScriptedEngine(chat, policy_factory=env.oracle(options, rng=np.random.default_rng(0)),
-                            check_round_trip=True)  # fmt: skip
+    engine = ScriptedEngine(
+        chat,
+        policy_factory=env.oracle(options, rng=np.random.default_rng(0)),
+        check_round_trip=True,
+    )
     orch = Collector(chat=chat, env_factory=env.factory, rollout=free).orchestrator(
         engine, greedy=True, group_size=1
     )
@@ -605,37 +388,3 @@ async def check_oracle_limits(
                 f"{needed - ('seq_buckets' in key)}"
             )
     return need
-
-
-def build_train(cfg: RunConfig) -> TrainSystem:
-    """Check ``cfg``, then build every component of the training job (nothing compiles here)."""
-    import sys
-
-    import jax
-
-    from jaxrl_agents import distributed as D
-    from jaxrl_agents.rollout import Collector
-
-    env = resolve_env(cfg.env)
-    check_run(cfg, env)
-    warning = pretrained_warning(cfg)
-    if warning and jax.process_index() == 0:
-        print(warning, file=sys.stderr, flush=True)
-    mesh = _mesh(cfg)
-    chat = build_chat(cfg.chat, cfg.model.path)
-    tokenizer = chat.tokenizer
-    model = build_policy(cfg, vocab_size=len(tokenizer), mesh=mesh)
-    graphdef, _, rest = split_params(model)
-    reward = build_reward(cfg.reward)
-    collector = Collector(
-        chat=chat,
-        env_factory=env.factory,
-        rollout=cfg.rollout,
-        reward=reward,
-        seq_buckets=tuple(seq_buckets(cfg)),
-        sharding=D.batch_sharding(mesh),
-    )
-    return TrainSystem(
-        cfg, mesh, D.local_mesh(mesh), tokenizer, chat, model, graphdef, rest, env, reward,
-        collector, effective_loss(cfg),
-    )  # fmt: skip

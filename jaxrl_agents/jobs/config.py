@@ -177,7 +177,7 @@ class TrainerSpec:
     sft_data: str | None = None
     """Your own SFT data: a JSONL file, one OpenAI-style conversation per line,
     ``{"messages": [...], "tools": [...]}`` (``tools`` optional, other keys ignored, so trajectory
-    files the package writes are accepted; see ``jaxrl_agents.jobs.sft_data``). A relative path
+    files the package writes are accepted; see ``jaxrl_agents.training.sft_data``). A relative path
     is resolved against the current working directory. Every line is checked and rendered through
     the policy's chat format at start-up: a bad one stops the run in one line naming its number.
     None: no file."""
@@ -202,8 +202,9 @@ class TrainerSpec:
     ``sft_copy_steps``, then a cosine decay over the rest of the ``sft_steps``)."""
     sft_copy_steps: int = 0
     """Of the ``sft_steps``, how many come first on synthetic copy rows (random token runs, each
-    repeated at a random distance; ``jobs.copy_rows``) instead of golden data: they give a freshly
-    initialised model the in-context copy (an induction head) a pretrained checkpoint already has.
+    repeated at a random distance; ``training.copy_rows``) instead of golden data: they give a
+    freshly initialised model the in-context copy (an induction head) a pretrained checkpoint
+    already has.
     The tiny model forms it in ~500 steps (EXPERIMENTS.md). 0: none; leave 0 for a checkpoint."""
     sft_copy_batch: int = 32
     """Copy rows (of 64 tokens) per copy step."""

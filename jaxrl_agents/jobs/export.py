@@ -13,41 +13,42 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from jaxrl_agents.chat import tiny_tokenizer_path
 from jaxrl_agents.jobs.build import build_chat, generation_defaults
-from jaxrl_agents.jobs.config import ExportConfig, RunConfig
+from jaxrl_agents.jobs.config import ChatSpec, ExportConfig, ModelSpec, RunConfig
 from jaxrl_agents.jobs.restore import load_policy, load_run_config
+from jaxrl_agents.models import Transformer, export_pretrained
+from jaxrl_agents.models.gguf import local_folder
+from jaxrl_agents.models.peft_io import export_peft
+from jaxrl_agents.training.critic import without_critic
 
 
-def tokenizer_folder(run_cfg: RunConfig) -> Path | None:
+def tokenizer_folder(chat: ChatSpec, model: ModelSpec) -> Path | None:
     """The folder whose tokenizer files the run's tokenizer is (``build_tokenizer``'s choice):
     ``chat.tokenizer``, else ``model.path``, else the shipped tiny tokenizer's; ``None`` when
     ``chat.template`` replaced the template (the export then saves the tokenizer object, which
     carries the template it trained with)."""
-    from jaxrl_agents.chat import tiny_tokenizer_path
-
-    if run_cfg.chat.template is not None:
+    if chat.template is not None:
         return None
-    path = run_cfg.chat.tokenizer
+    path = chat.tokenizer
     if path is not None:
         return Path(tiny_tokenizer_path() if path == "tiny" else path)
-    if run_cfg.model.path is None or run_cfg.model.path == "tiny":
+    if model.path is None or model.path == "tiny":
         return Path(tiny_tokenizer_path())
-    return Path(base_folder(run_cfg))
+    return Path(base_folder(model))
 
 
-def base_folder(run_cfg: RunConfig) -> str | None:
+def base_folder(model: ModelSpec) -> str | None:
     """The Hugging Face folder of the run's base model (``model.path``; a GGUF file's converted
     folder), recorded as a PEFT adapter's ``base_model_name_or_path``."""
-    path = run_cfg.model.path
+    path = model.path
     if path is None:
         return None
-    from jaxrl_agents.models.gguf import local_folder
-
     return str(Path(local_folder(path)).resolve())
 
 
 def export_policy(
-    model: Any,
+    model: Transformer,
     tokenizer: Any,
     run_cfg: RunConfig,
     out: str | Path,
@@ -60,15 +61,11 @@ def export_policy(
 
     ``dtype``: default the source checkpoint's (``model.path``), else the policy's
     ``param_dtype``. A policy with LoRA adapters is written as a PEFT adapter folder on its base
-    (``model.path``), unless ``merge``: then as the full model, the adapters folded in."""
-    from jaxrl_agents.models import export_pretrained
-    from jaxrl_agents.training.critic import without_critic
-
+    (``model.path``), unless ``merge``: then as the full model, the adapters folded in.
+    ``run_cfg``: the whole config, of which it reads ``chat``, ``model`` and ``rollout``."""
     if getattr(model.cfg, "lora", None) is not None and not merge:
-        from jaxrl_agents.models.peft_io import export_peft
-
         return export_peft(
-            without_critic(model), out, base=base_folder(run_cfg), dtype=dtype or "float32"
+            without_critic(model), out, base=base_folder(run_cfg.model), dtype=dtype or "float32"
         )
 
     try:  # the ids that ended the policy's turns in training
@@ -76,10 +73,16 @@ def export_policy(
     except ValueError:  # no usable chat template: the tokenizer's eos only
         stop_ids = []
     return export_pretrained(
-        without_critic(model), out, tokenizer=tokenizer, max_shard_size=max_shard_size,
-        dtype=dtype, generation=generation_defaults(run_cfg.rollout), source=base_folder(run_cfg),
-        tokenizer_source=tokenizer_folder(run_cfg), stop_token_ids=stop_ids,
-    )  # fmt: skip
+        without_critic(model),
+        out,
+        tokenizer=tokenizer,
+        max_shard_size=max_shard_size,
+        dtype=dtype,
+        generation=generation_defaults(run_cfg.rollout),
+        source=base_folder(run_cfg.model),
+        tokenizer_source=tokenizer_folder(run_cfg.chat, run_cfg.model),
+        stop_token_ids=stop_ids,
+    )
 
 
 def export_run(cfg: ExportConfig) -> tuple[Path, dict[str, Any]]:

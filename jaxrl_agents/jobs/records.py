@@ -1,5 +1,6 @@
-"""What a training run keeps besides checkpoints: named PRNG streams, the run folder's records
-(``config.json``, ``stages.json``, ``summary.json``) and the cadence of periodic work."""
+"""What a training run keeps besides checkpoints: the run folder's records (``config.json``,
+``stages.json``, ``summary.json``) and the cadence of periodic work. The run's PRNG streams are
+:mod:`jaxrl_agents.rng`."""
 
 from __future__ import annotations
 
@@ -8,51 +9,13 @@ import json
 import os
 import platform
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
-PURPOSES = (
-    "model_init", "sft_tasks", "sft_oracle", "sft_order", "sft_copy", "rl_tasks", "rollout",
-    "update", "refill", "rollout_refill", "rft_order",
-)  # fmt: skip
-"""The run's independent random streams, one per purpose."""
-RL_PURPOSES = ("rl_tasks", "rollout", "update", "refill", "rollout_refill", "rft_order")
-"""The streams only RL (or the RFT stage in its place) draws from (``trainer.rl_seed`` reseeds
-them alone)."""
-
-
-class Keys:
-    """PRNG keys made once from the run seed, one per purpose (:data:`PURPOSES`; the stream of a
-    purpose is ``fold_in(key(seed), crc32(purpose))``, so adding a purpose changes no other), and
-    derived per step with ``fold_in``: what step ``s`` draws depends only on
-    ``(seed, purpose, s)``, so a resumed run draws exactly what an uninterrupted one would.
-    ``rl_seed``: the :data:`RL_PURPOSES` streams from this seed instead (the same SFT result,
-    other RL draws); None or equal to ``seed``: the run seed's."""
-
-    def __init__(self, seed: int, *, rl_seed: int | None = None):
-        import zlib
-
-        root = jax.random.key(seed)
-        rl_root = root if rl_seed is None else jax.random.key(rl_seed)
-        self._keys = {
-            p: jax.random.fold_in(rl_root if p in RL_PURPOSES else root, zlib.crc32(p.encode()))
-            for p in PURPOSES
-        }
-
-    def key(self, purpose: str, step: int | None = None) -> jax.Array:
-        if purpose not in self._keys:
-            raise KeyError(f"no random stream {purpose!r}; streams: {', '.join(PURPOSES)}")
-        k = self._keys[purpose]
-        return k if step is None else jax.random.fold_in(k, step)
-
-    def seed(self, purpose: str, step: int | None = None) -> int:
-        """A 31-bit integer seed from the stream (for host-side generators and episode seeds)."""
-        bits = jax.random.bits(self.key(purpose, step), (), np.uint32)
-        return int(bits) & 0x7FFFFFFF
-
+from jaxrl_agents.jobs.config import ConfigError
 
 _RESUME_FREE = {"trainer.progress", "trainer.allow_config_change", "trainer.rl_start_min_success"}
 """Keys that may change between a run and its resume without a word."""
@@ -119,8 +82,6 @@ def environment() -> dict[str, Any]:
     (same config and seed, same losses); another CPU or build may round differently, and a small
     model's SFT can then end somewhere else (EXPERIMENTS.md: research seed 2's SFT policy solved
     50% of its held-out tasks on one machine and 0% on another, same code and versions)."""
-    from importlib import metadata
-
     versions = {}
     for name in _PACKAGES:
         try:
@@ -172,8 +133,6 @@ class RunRecord:
     def check_config(self, cfg: Any, *, has_checkpoints: bool) -> None:
         """Refuse (one line, before anything is written) to continue a run folder with another
         config than the one it was made with, or with ``trainer.resume=false``."""
-        from jaxrl_agents.jobs.config import ConfigError
-
         path = self.dir / "config.json"
         if not has_checkpoints or not path.exists():
             return
@@ -187,11 +146,17 @@ class RunRecord:
         # default it keeps the run as it was made (new options default to the old behaviour),
         # so it does not stop a resume after an upgrade. Any other value is a change.
         defaults = _paths(_as_json(type(cfg)()))
-        added = sorted(k for k, (a, b) in changed.items()
-                       if a == "<absent>" and k in defaults and b == defaults[k])  # fmt: skip
+        added = sorted(
+            k
+            for k, (a, b) in changed.items()
+            if a == "<absent>" and k in defaults and b == defaults[k]
+        )
         if added:
-            print(f"resuming a run made before these keys existed, at their defaults: "
-                  f"{', '.join(f'{k}={changed[k][1]!r}' for k in added)}", flush=True)  # fmt: skip
+            print(
+                f"resuming a run made before these keys existed, at their defaults: "
+                f"{', '.join(f'{k}={changed[k][1]!r}' for k in added)}",
+                flush=True,
+            )
         diffs = [
             f"{k}: {a!r} -> {b!r}"
             for k, (a, b) in changed.items()
@@ -218,9 +183,13 @@ class RunRecord:
             changed = {k: (first.get(k), v) for k, v in env.items() if first.get(k) != v}
             if changed:
                 what = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-                print(f"WARNING: resuming {str(self.dir)!r} on another machine or build than it "
-                      f"started on ({what}): from here the numbers can differ from an "
-                      "uninterrupted run's", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"WARNING: resuming {str(self.dir)!r} on another machine or build than it "
+                    f"started on ({what}): from here the numbers can differ from an "
+                    "uninterrupted run's",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.stages.setdefault("resumed_environments", []).append(env)
         self.save()
 

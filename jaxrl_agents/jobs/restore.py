@@ -6,13 +6,21 @@ a given step) back into a model + tokenizer, with the same builders the training
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+import jax
+from flax import nnx
+from flax.traverse_util import flatten_dict
+
 from jaxrl_agents.jobs.build import build_policy, build_tokenizer, split_params
-from jaxrl_agents.jobs.config import RunConfig, build
+from jaxrl_agents.jobs.config import ConfigError, RunConfig, build
+from jaxrl_agents.models import Transformer
+from jaxrl_agents.models.lora import base_fingerprint
 from jaxrl_agents.training.checkpoint import Checkpointer
+from jaxrl_agents.training.step import init_train_state
 
 
 def load_run_config(run_dir: str | Path) -> RunConfig:
@@ -37,14 +45,9 @@ def kept_steps(run_dir: str | Path, which=("latest", "best")) -> tuple[list[int]
 
 def load_policy(
     run_dir: str | Path, *, which: str = "latest", step: int | None = None, mesh=None
-) -> tuple[Any, Any, dict[str, Any]]:
+) -> tuple[Transformer, Any, dict[str, Any]]:
     """``(model, tokenizer, meta)`` for checkpoint ``step`` (default: newest) of ``which``
     ('latest', 'best' or 'sft')."""
-    import jax
-    from flax import nnx
-
-    from jaxrl_agents.training.step import init_train_state
-
     if which not in ("latest", "best", "sft"):
         raise ValueError(f"which={which!r}: expected 'latest', 'best' or 'sft'")
     cfg = load_run_config(run_dir)
@@ -63,8 +66,6 @@ def load_policy(
         ckpt.close()
     recorded = meta.get("lora_base")
     if recorded is not None:  # adapters: only valid on the base they were trained on
-        from jaxrl_agents.models.lora import base_fingerprint
-
         now = base_fingerprint(model)
         if now != recorded["fingerprint"]:
             raise ValueError(
@@ -77,28 +78,31 @@ def load_policy(
 
 def sft_source_differences(cfg: RunConfig, src: RunConfig) -> list[str]:
     """The settings that shape an SFT result (``model``, ``chat``, ``env``, ``seed``, the
-    ``trainer.sft_*`` fields) where ``cfg`` and ``src`` differ, one ``key: here vs there`` each."""
-    import dataclasses
-
-    from flax.traverse_util import flatten_dict
+    ``trainer.sft_*`` fields) where ``cfg`` and ``src`` differ, one ``key: here vs there`` each.
+    Compares several groups, so it takes the whole configs."""
 
     def shaping(c: RunConfig) -> dict[str, Any]:
-        tr = {f"trainer.{k}": v for k, v in dataclasses.asdict(c.trainer).items()
-              if k.startswith("sft_") and k != "sft_from"}  # fmt: skip
+        tr = {
+            f"trainer.{k}": v
+            for k, v in dataclasses.asdict(c.trainer).items()
+            if k.startswith("sft_") and k != "sft_from"
+        }
         groups = {g: dataclasses.asdict(getattr(c, g)) for g in ("model", "chat", "env")}
         return {**flatten_dict(groups, sep="."), "seed": c.seed, **tr}
 
     here, there = shaping(cfg), shaping(src)
-    return [f"{k}: {here.get(k)!r} here, {there.get(k)!r} there"
-            for k in sorted(here.keys() | there.keys()) if here.get(k) != there.get(k)]  # fmt: skip
+    return [
+        f"{k}: {here.get(k)!r} here, {there.get(k)!r} there"
+        for k in sorted(here.keys() | there.keys())
+        if here.get(k) != there.get(k)
+    ]
 
 
 def check_sft_source(cfg: RunConfig) -> int:
     """``trainer.sft_from``: the run folder's newest SFT snapshot step, after checking that the
     folder is a run with one and that its SFT was made with this run's SFT settings; raises
-    ``ConfigError`` naming what is wrong."""
-    from jaxrl_agents.jobs.config import ConfigError
-
+    ``ConfigError`` naming what is wrong. Takes the whole config: it compares the SFT-shaping
+    groups with the source run's (:func:`sft_source_differences`)."""
     where = f"trainer.sft_from={cfg.trainer.sft_from!r}"
     try:
         src = load_run_config(cfg.trainer.sft_from)
@@ -106,12 +110,17 @@ def check_sft_source(cfg: RunConfig) -> int:
         raise ConfigError(f"{where}: {e}") from None
     diffs = sft_source_differences(cfg, src)
     if diffs:
-        raise ConfigError(f"{where}: its SFT was made with other settings than this run's: "
-                          + "; ".join(diffs[:6]) + (" ..." if len(diffs) > 6 else ""))  # fmt: skip
+        raise ConfigError(
+            f"{where}: its SFT was made with other settings than this run's: "
+            + "; ".join(diffs[:6])
+            + (" ..." if len(diffs) > 6 else "")
+        )
     (steps,) = kept_steps(cfg.trainer.sft_from, ("sft",))
     if not steps:
-        raise ConfigError(f"{where}: that run has no SFT snapshot yet (checkpoints/sft is empty): "
-                          "let its SFT stage finish first")  # fmt: skip
+        raise ConfigError(
+            f"{where}: that run has no SFT snapshot yet (checkpoints/sft is empty): "
+            "let its SFT stage finish first"
+        )
     return steps[-1]
 
 
@@ -119,10 +128,6 @@ def sft_params_from(run_dir: str | Path, params: Any, *, mesh=None) -> Any:
     """``params`` (this run's fresh policy state) with every entry the run folder's SFT snapshot
     has replaced by the snapshot's value (same shapes and shardings); entries it lacks (a critic
     this run adds) keep their fresh values."""
-    import jax
-    from flax import nnx
-    from flax.traverse_util import flatten_dict
-
     model, _, _ = load_policy(run_dir, which="sft", mesh=mesh)
     _, src, _ = split_params(model)
     src_flat = flatten_dict(nnx.to_pure_dict(src))
@@ -134,8 +139,10 @@ def sft_params_from(run_dir: str | Path, params: Any, *, mesh=None) -> Any:
             return x
         y = src_flat[key]
         if y.shape != x.shape or y.dtype != x.dtype:
-            raise ValueError(f"sft_from {run_dir}: {'.'.join(map(str, key))} is {y.shape} "
-                             f"{y.dtype} there, {x.shape} {x.dtype} here")  # fmt: skip
+            raise ValueError(
+                f"sft_from {run_dir}: {'.'.join(map(str, key))} is {y.shape} "
+                f"{y.dtype} there, {x.shape} {x.dtype} here"
+            )
         return jax.device_put(y, x.sharding) if hasattr(x, "sharding") else y
 
     merged = jax.tree_util.tree_map_with_path(take, pure)

@@ -15,16 +15,16 @@ from jaxrl_agents.cli.app import compose
 from jaxrl_agents.cli.train import to_run_config
 from jaxrl_agents.envs.calculator import oracle_policy, wrong_policy
 from jaxrl_agents.jobs.baselines import rft
-from jaxrl_agents.jobs.build import build_train
 from jaxrl_agents.jobs.config import JobAborted
-from jaxrl_agents.jobs.train import _Run
+from jaxrl_agents.jobs.run import Run
+from jaxrl_agents.jobs.system import build_train
 from jaxrl_agents.rollout.scripted import ScriptedEngine
 
 
 def _run(tmp_path, *extra):
     cfg = to_run_config(compose("config", [*FAST, f"run_dir={tmp_path}", *extra]))
     system = build_train(cfg)
-    run = _Run(cfg, system)
+    run = Run(cfg, system)
     return run, run.fresh_state(system.initial_params, run.rl_tx)
 
 
@@ -74,7 +74,9 @@ def test_sft_filter_keeps_the_verified_annotator_episodes(tmp_path, monkeypatch,
 
 
 def test_bad_baseline_keys_name_the_valid_values(tmp_path, monkeypatch, capsys):
-    for key, valid in (("trainer.rl_stage=sft", "valid: rl, rft"),
-                       ("trainer.sft_filter=all", "valid: answered, verified")):  # fmt: skip
+    for key, valid in (
+        ("trainer.rl_stage=sft", "valid: rl, rft"),
+        ("trainer.sft_filter=all", "valid: answered, verified"),
+    ):
         assert _main([*FAST, f"run_dir={tmp_path / 'x'}", key], monkeypatch) not in (0, None)
         assert valid in capsys.readouterr().err

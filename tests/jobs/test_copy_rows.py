@@ -13,7 +13,7 @@ from train_cli import main_in_process as _main
 
 from jaxrl_agents.chat.tokenizer import load_tiny_tokenizer
 from jaxrl_agents.jobs.config import TrainerSpec
-from jaxrl_agents.jobs.copy_rows import COPY_LEN, MIN_SPAN, copy_rows, ordinary_ids
+from jaxrl_agents.training.copy_rows import COPY_LEN, MIN_SPAN, copy_rows, ordinary_ids
 
 
 def test_rows_train_only_on_the_copy():
@@ -53,8 +53,13 @@ def test_bad_values_are_refused_by_name():
 
 def test_job_runs_copy_steps_then_golden_data(tmp_path, monkeypatch, capsys):
     run = tmp_path / "copy"
-    argv = [*FAST, f"run_dir={run}", "trainer.sft_copy_steps=2", "trainer.sft_copy_batch=4",
-            "trainer.rl_steps=0"]  # fmt: skip
+    argv = [
+        *FAST,
+        f"run_dir={run}",
+        "trainer.sft_copy_steps=2",
+        "trainer.sft_copy_batch=4",
+        "trainer.rl_steps=0",
+    ]
     assert _main(argv, monkeypatch) == 0
     out = capsys.readouterr().out
     assert "SFT: steps 1-2 on synthetic copy rows (trainer.sft_copy_steps), then 2 on the" in out

@@ -38,7 +38,7 @@ def test_preset_passes_the_start_up_checks(name):
 
     from jaxrl_agents.cli.app import compose
     from jaxrl_agents.cli.train import to_run_config
-    from jaxrl_agents.jobs.build import build_train, check_oracle_fits
+    from jaxrl_agents.jobs.system import build_train, check_oracle_fits
 
     own = to_run_config(compose("config", [f"experiment={name}"]))  # the preset's own values
     assert own.trainer.sft_copy_steps < own.trainer.sft_steps
@@ -53,11 +53,18 @@ def test_preset_passes_the_start_up_checks(name):
     assert need["turns"] <= cfg.rollout.max_turns
 
 
-LIMITS = {"travel": ("rollout.max_turns=5", "rollout.max_new_tokens=160"),
-          "sql": ("rollout.max_turns=5", "rollout.max_new_tokens=128"),
-          "smollm2_calculator": ("model=tiny", "model.lora.rank=4", "rollout.max_new_tokens=32",
-                                 "rollout.max_total_tokens=640", "sampler.max_seq_len=704",
-                                 "trainer.seq_buckets=[256,384,512,640]")}  # fmt: skip
+LIMITS = {
+    "travel": ("rollout.max_turns=5", "rollout.max_new_tokens=160"),
+    "sql": ("rollout.max_turns=5", "rollout.max_new_tokens=128"),
+    "smollm2_calculator": (
+        "model=tiny",
+        "model.lora.rank=4",
+        "rollout.max_new_tokens=32",
+        "rollout.max_total_tokens=640",
+        "sampler.max_seq_len=704",
+        "trainer.seq_buckets=[256,384,512,640]",
+    ),
+}
 """Four SFT steps leave a random policy that runs every episode to the limits: the script path
 below runs under limits nearer what the oracle's episodes need (travel: 4 turns of up to ~150
 tokens; sql: 4 of up to 113), which the job's own start-up check holds it to. The presets' own
@@ -93,8 +100,11 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
     cfg = json.loads((run_dir / "config.json").read_text())
     if cfg["env"]["tasks"].get("kinds"):  # the report's tasks come from the run's generator
         trajs = (run_dir / "eval").glob("trajectories_*.jsonl")
-        kinds = {json.loads(x)["task"]["data"]["key"].split("/")[2]
-                 for f in trajs for x in f.read_text().splitlines()}  # fmt: skip
+        kinds = {
+            json.loads(x)["task"]["data"]["key"].split("/")[2]
+            for f in trajs
+            for x in f.read_text().splitlines()
+        }
         assert kinds and kinds <= set(cfg["env"]["tasks"]["kinds"]), kinds
     text = run_experiment.write(name, [result], root)
     if cfg["env"]["name"] == "calculator":  # slices the env names: per seed, SFT and RL
@@ -106,16 +116,21 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
     assert result["environment"]["packages"]["jaxlib"] in text
     assert (root / "results.json").exists() and (root / "curves.png").stat().st_size > 0
     if name == "sql":  # --share-sft: a reward-design variant's RL from this run's SFT result
-        other = run_experiment.train_and_eval(name, f"{variant} reward=dense", 0, root, True,
-                                              runner=in_process, sft_from=run_dir)  # fmt: skip
+        other = run_experiment.train_and_eval(
+            name, f"{variant} reward=dense", 0, root, True, runner=in_process, sft_from=run_dir
+        )
         assert other["sft"] == result["sft"]  # the same SFT policy, evaluated again
         stages = json.loads((pathlib.Path(other["run_dir"]) / "stages.json").read_text())
         assert stages["sft_from"]["run"] == str(run_dir.resolve())
         assert "partial_credit" in stages["rl_eval"]["reward_terms"]
 
 
-VARIANTS = ["advantage=turn_level loss=ppo_value", "a=1,2", "env.tasks.kinds=[city_range_orders]",
-            "x={a: 'b'}"]  # fmt: skip
+VARIANTS = [
+    "advantage=turn_level loss=ppo_value",
+    "a=1,2",
+    "env.tasks.kinds=[city_range_orders]",
+    "x={a: 'b'}",
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -148,11 +163,23 @@ def test_a_seed_stopped_at_the_rl_gate_counts_as_no_change(tmp_path):
     assert r["gate"] == gate and r["sft"] == r["rl"] == 0.05 and r["report"] is None
     with pytest.raises(SystemExit):  # any other failure still stops the script
         run_experiment.train_and_eval("sql", "x=1", 1, root, False, runner=other_failure)
-    ok = {"variant": "base", "seed": 0, "sft": 0.5, "rl": 0.7, "wall_s": 1.0, "report": "r.html",
-          "sft_failures": {"premature": 3}, "rl_failures": {"premature": 1},
-          "curve": [(0.0, 0.5), (10.0, 0.7)],
-          "environment": {"cpu": "CPU A", "cpu_count": 2, "devices": "1 x cpu",
-                          "packages": {"jax": "0.10.2", "jaxlib": "0.10.2"}}}  # fmt: skip
+    ok = {
+        "variant": "base",
+        "seed": 0,
+        "sft": 0.5,
+        "rl": 0.7,
+        "wall_s": 1.0,
+        "report": "r.html",
+        "sft_failures": {"premature": 3},
+        "rl_failures": {"premature": 1},
+        "curve": [(0.0, 0.5), (10.0, 0.7)],
+        "environment": {
+            "cpu": "CPU A",
+            "cpu_count": 2,
+            "devices": "1 x cpu",
+            "packages": {"jax": "0.10.2", "jaxlib": "0.10.2"},
+        },
+    }
     r["environment"] = {**ok["environment"], "cpu": "CPU B"}  # the gated seed ran elsewhere
     text = run_experiment.write("sql", [ok, r], root)
     assert (
@@ -170,12 +197,25 @@ def test_a_seed_stopped_at_the_rl_gate_counts_as_no_change(tmp_path):
 
 def test_tables_compare_variants_with_t_intervals(tmp_path):
     def res(variant, seed, sft, rl):
-        return {"variant": variant, "seed": seed, "sft": sft, "rl": rl, "wall_s": 1.0,
-                "sft_failures": {"premature": 3}, "rl_failures": {"premature": 1},
-                "curve": [(0.0, sft), (10.0, rl)], "report": "r.html"}  # fmt: skip
+        return {
+            "variant": variant,
+            "seed": seed,
+            "sft": sft,
+            "rl": rl,
+            "wall_s": 1.0,
+            "sft_failures": {"premature": 3},
+            "rl_failures": {"premature": 1},
+            "curve": [(0.0, sft), (10.0, rl)],
+            "report": "r.html",
+        }
 
-    results = [res("base", 0, 0.5, 0.6), res("base", 1, 0.4, 0.6), res("gigpo", 1, 0.4, 0.7),
-               res("gigpo", 0, 0.5, 0.9), res("grpo", 2, 0.5, 0.9)]  # fmt: skip
+    results = [
+        res("base", 0, 0.5, 0.6),
+        res("base", 1, 0.4, 0.6),
+        res("gigpo", 1, 0.4, 0.7),
+        res("gigpo", 0, 0.5, 0.9),
+        res("grpo", 2, 0.5, 0.9),
+    ]
     text = run_experiment.write("sql", results, tmp_path)
     # base: changes +10 and +20 points, mean 15, t(1) = 12.706, sd 7.071 -> half-width 63.5
     assert "| base | 0 1 | 0.450 | 0.600 | +15.0 (-48.5 to +78.5) |  |" in text
@@ -209,19 +249,40 @@ def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
             return
         run_dir = pathlib.Path(args["run_dir"])
         run_dir.mkdir(parents=True)
-        cfg = {"seed": int(args["seed"]), "trainer": {"heldout_tasks": 100, "tasks_per_step": 8},
-               "rollout": {"max_turns": 8, "max_new_tokens": 64, "max_total_tokens": 1280,
-                           "group_size": 4}, "sampler": {"max_seq_len": 1280}}  # fmt: skip
+        cfg = {
+            "seed": int(args["seed"]),
+            "trainer": {"heldout_tasks": 100, "tasks_per_step": 8},
+            "rollout": {
+                "max_turns": 8,
+                "max_new_tokens": 64,
+                "max_total_tokens": 1280,
+                "group_size": 4,
+            },
+            "sampler": {"max_seq_len": 1280},
+        }
         (run_dir / "config.json").write_text(json.dumps(cfg))
         (run_dir / "metrics.jsonl").write_text("")
         summary = {"sft_heldout_success": 0.5, "rl_heldout_success": 0.6}
         (run_dir / "summary.json").write_text(json.dumps(summary))
 
     real = run_experiment.train_and_eval
-    monkeypatch.setattr(run_experiment, "train_and_eval",
-                        lambda *a, **k: real(*a, runner=fake, **k))  # fmt: skip
-    argv = ["run_experiment.py", "research", "--out", str(tmp_path), "--sft-seed", "2",
-            "--seeds", "0", "1", "--variants", "", "advantage=gigpo"]  # fmt: skip
+    monkeypatch.setattr(
+        run_experiment, "train_and_eval", lambda *a, **k: real(*a, runner=fake, **k)
+    )
+    argv = [
+        "run_experiment.py",
+        "research",
+        "--out",
+        str(tmp_path),
+        "--sft-seed",
+        "2",
+        "--seeds",
+        "0",
+        "1",
+        "--variants",
+        "",
+        "advantage=gigpo",
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     run_experiment.main()
     trains = [a for m, a in cmds if m.endswith("train")]

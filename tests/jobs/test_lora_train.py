@@ -17,8 +17,9 @@ from train_cli import FAST
 from train_cli import main_in_process as _main
 
 from jaxrl_agents.cli.app import compose
-from jaxrl_agents.jobs.build import build_train, split_params
+from jaxrl_agents.jobs.build import split_params
 from jaxrl_agents.jobs.config import RunConfig, from_tree
+from jaxrl_agents.jobs.system import build_train
 from jaxrl_agents.training.objectives import sft_loss
 from jaxrl_agents.training.step import (
     LossInputs,
@@ -106,7 +107,7 @@ def test_lora_run_records_its_base_exports_peft_and_merged(tmp_path, monkeypatch
 
 
 def test_pretrained_checkpoint_with_from_scratch_settings_warns():
-    from jaxrl_agents.jobs.build import pretrained_warning
+    from jaxrl_agents.jobs.system import pretrained_warning
 
     def cfg(*overrides):
         return from_tree(RunConfig, compose("config", ["model.path=/models/x", *overrides]))

@@ -11,10 +11,10 @@ from jaxrl_agents.algos import aggregate
 def test_null_max_len_norm_is_the_generation_budget_not_the_bucket():
     from jaxrl_agents.cli.app import compose
     from jaxrl_agents.cli.train import to_run_config
-    from jaxrl_agents.jobs.build import effective_loss
+    from jaxrl_agents.jobs.system import effective_loss
 
     cfg = to_run_config(compose("config", ["loss=dr_grpo", "loss.max_len_norm=null"]))
-    loss = effective_loss(cfg)
+    loss = effective_loss(cfg.loss, cfg.rollout)
     assert cfg.loss.max_len_norm is None
     assert loss.max_len_norm == cfg.rollout.max_turns * cfg.rollout.max_new_tokens == 192
     rng = np.random.default_rng(0)

@@ -30,26 +30,49 @@ def _hand_written(tools):
         "type": "function",
         "function": {"name": "calculator", "arguments": json.dumps({"expression": "12*7"})},
     }
-    two = [{"id": f"c{k}", "type": "function", "function": {
-        "name": "calculator", "arguments": json.dumps({"expression": e})}}
-        for k, e in ((2, "90-38"), (3, "52*2"))]  # fmt: skip
+    two = [
+        {
+            "id": f"c{k}",
+            "type": "function",
+            "function": {"name": "calculator", "arguments": json.dumps({"expression": e})},
+        }
+        for k, e in ((2, "90-38"), (3, "52*2"))
+    ]
     return [
-        {"messages": [
-            {"role": "user", "content": "What is 12 times 7?"},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "c1", "name": "calculator", "content": "84"},
-            {"role": "assistant", "content": "84"}], "tools": tools},
-        {"messages": [
-            {"role": "system", "content": "Use the calculator tool. Reply with only the number."},
-            {"role": "user", "content": "Mia has 90 coins, gives away 38, then doubles the rest."},
-            {"role": "assistant", "content": "", "tool_calls": [two[0]]},
-            {"role": "tool", "tool_call_id": "c2", "content": "52"},
-            {"role": "assistant", "content": "", "tool_calls": [two[1]]},
-            {"role": "tool", "tool_call_id": "c3", "content": "104"},
-            {"role": "assistant", "content": "104"}], "tools": tools},
-        {"messages": [{"role": "user", "content": "Say the number five."},
-                      {"role": "assistant", "content": "5"}]},
-    ]  # fmt: skip
+        {
+            "messages": [
+                {"role": "user", "content": "What is 12 times 7?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "name": "calculator", "content": "84"},
+                {"role": "assistant", "content": "84"},
+            ],
+            "tools": tools,
+        },
+        {
+            "messages": [
+                {
+                    "role": "system",
+                    "content": "Use the calculator tool. Reply with only the number.",
+                },
+                {
+                    "role": "user",
+                    "content": "Mia has 90 coins, gives away 38, then doubles the rest.",
+                },
+                {"role": "assistant", "content": "", "tool_calls": [two[0]]},
+                {"role": "tool", "tool_call_id": "c2", "content": "52"},
+                {"role": "assistant", "content": "", "tool_calls": [two[1]]},
+                {"role": "tool", "tool_call_id": "c3", "content": "104"},
+                {"role": "assistant", "content": "104"},
+            ],
+            "tools": tools,
+        },
+        {
+            "messages": [
+                {"role": "user", "content": "Say the number five."},
+                {"role": "assistant", "content": "5"},
+            ]
+        },
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +93,12 @@ def convs(tmp_path_factory, chat):
 
     calc = ENVIRONMENTS["calculator"]
     orch = Orchestrator(
-        engine=ScriptedEngine(chat, policy_factory=oracle_policy), chat=chat, env_factory=calc,
+        engine=ScriptedEngine(chat, policy_factory=oracle_policy),
+        chat=chat,
+        env_factory=calc,
         cfg=RolloutConfig(group_size=1, max_turns=4, max_new_tokens=64, max_total_tokens=384),
         sampling_params=lambda n, seed: type("P", (), {"max_new_tokens": n, "seed": seed})(),
-    )  # fmt: skip
+    )
     trajs = asyncio.run(orch.run(calc.make_tasks("train", 20, seed=11), group_size=1))
     assert len(trajs) == 20 and all(t.end_reason == EndReason.ANSWERED for t in trajs)
     path = tmp_path_factory.mktemp("data") / "convs.jsonl"
@@ -87,7 +112,7 @@ def convs(tmp_path_factory, chat):
 
 
 def test_the_loader_encodes_each_record_through_the_chat_path(convs, chat):
-    from jaxrl_agents.jobs.sft_data import load
+    from jaxrl_agents.training.sft_data import load
 
     path, records = convs
     data = load(str(path), chat, max_positions=384)
@@ -103,8 +128,9 @@ def test_the_loader_encodes_each_record_through_the_chat_path(convs, chat):
     for m in as_dicts["messages"]:
         for c in m.get("tool_calls") or []:
             c["function"]["arguments"] = json.loads(c["function"]["arguments"])
-    assert chat.encode_conversation(as_dicts["messages"], as_dicts["tools"]) == \
-        chat.encode_conversation(hand["messages"], hand["tools"])  # fmt: skip
+    assert chat.encode_conversation(
+        as_dicts["messages"], as_dicts["tools"]
+    ) == chat.encode_conversation(hand["messages"], hand["tools"])
 
 
 def _rows(run, stage):
@@ -113,13 +139,19 @@ def _rows(run, stage):
 
 
 def test_sft_from_a_file_trains_on_exactly_its_rows(convs, chat, tmp_path, capsys, monkeypatch):
-    from jaxrl_agents.jobs.records import Keys
+    from jaxrl_agents.rng import Keys
 
     path, records = convs
     run = tmp_path / "run"
     steps, batch = 30, 8  # trainer=smoke: sft_batch_size=8
-    argv = [*FAST, f"run_dir={run}", f"trainer.sft_data={path}", "trainer.sft_oracle=false",
-            f"trainer.sft_steps={steps}", "trainer.rl_steps=0"]  # fmt: skip
+    argv = [
+        *FAST,
+        f"run_dir={run}",
+        f"trainer.sft_data={path}",
+        "trainer.sft_oracle=false",
+        f"trainer.sft_steps={steps}",
+        "trainer.rl_steps=0",
+    ]
     assert _main(argv, monkeypatch) == 0
     out = capsys.readouterr().out
     assert f"SFT data: 23 rows = 23 conversations from {path}" in out, out[-2000:]
@@ -128,11 +160,17 @@ def test_sft_from_a_file_trains_on_exactly_its_rows(convs, chat, tmp_path, capsy
     stages = json.loads((run / "stages.json").read_text())
     note = stages["sft_data"]
     assert note == {
-        "rows": 23, "oracle_rows": 0, "file_rows": 23,
-        "file": {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-                 "conversations": 23, "tokens": sum(len(e.ids) for e in encoded),
-                 "assistant_tokens": sum(sum(e.loss_mask) for e in encoded)},
-    }  # fmt: skip
+        "rows": 23,
+        "oracle_rows": 0,
+        "file_rows": 23,
+        "file": {
+            "path": str(path),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "conversations": 23,
+            "tokens": sum(len(e.ids) for e in encoded),
+            "assistant_tokens": sum(sum(e.loss_mask) for e in encoded),
+        },
+    }
     summary = json.loads((run / "summary.json").read_text())
     assert summary["sft_data"] == note
     assert summary["sft_heldout_success"] is not None
@@ -187,30 +225,62 @@ BAD = [
     ("[1, 2]", ["not a JSON object"]),
     (json.dumps({"conversation": [_U, _A]}), ['no "messages" list']),
     (json.dumps({"messages": "hi"}), ['"messages" is not a list']),
-    (json.dumps({"messages": [_U, {"role": "robot", "content": "x"}]}),
-     ["messages[1] has an unknown role 'robot'", "system, user, assistant, tool"]),
-    (json.dumps({"messages": [{"role": "system", "content": "Be brief."}, _U]}),
-     ["no assistant message"]),
+    (
+        json.dumps({"messages": [_U, {"role": "robot", "content": "x"}]}),
+        ["messages[1] has an unknown role 'robot'", "system, user, assistant, tool"],
+    ),
+    (
+        json.dumps({"messages": [{"role": "system", "content": "Be brief."}, _U]}),
+        ["no assistant message"],
+    ),
     (json.dumps({"messages": [_A, _U, _A]}), ["messages[0] is an assistant message"]),
-    (json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}, _A]}),
-     ["messages[0].content is not a string"]),
-    (json.dumps({"messages": [_U, _call("{expression: 2+2"), _A]}),
-     ["messages[1].tool_calls[0].function.arguments is not a JSON object", "not JSON"]),
-    (json.dumps({"messages": [_U, _call("[1]"), _A]}),
-     ["messages[1].tool_calls[0].function.arguments is not a JSON object"]),
-    (json.dumps({"messages": [_U, {"role": "assistant", "tool_calls": [
-        {"name": "calculator", "arguments": {}}]}, _A]}),
-     ['messages[1].tool_calls[0] has no "function" object']),
-    (json.dumps({"messages": [_U, {"role": "assistant", "tool_calls": "calculator(2+2)"}]}),
-     ["messages[1].tool_calls is not a list"]),
-    (json.dumps({"messages": [_U, _call({"expression": "2+2"}),
-                              {"role": "tool", "content": 4}, _A]}),
-     ["messages[2].content is not a string"]),
+    (
+        json.dumps(
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}, _A]}
+        ),
+        ["messages[0].content is not a string"],
+    ),
+    (
+        json.dumps({"messages": [_U, _call("{expression: 2+2"), _A]}),
+        ["messages[1].tool_calls[0].function.arguments is not a JSON object", "not JSON"],
+    ),
+    (
+        json.dumps({"messages": [_U, _call("[1]"), _A]}),
+        ["messages[1].tool_calls[0].function.arguments is not a JSON object"],
+    ),
+    (
+        json.dumps(
+            {
+                "messages": [
+                    _U,
+                    {"role": "assistant", "tool_calls": [{"name": "calculator", "arguments": {}}]},
+                    _A,
+                ]
+            }
+        ),
+        ['messages[1].tool_calls[0] has no "function" object'],
+    ),
+    (
+        json.dumps({"messages": [_U, {"role": "assistant", "tool_calls": "calculator(2+2)"}]}),
+        ["messages[1].tool_calls is not a list"],
+    ),
+    (
+        json.dumps(
+            {"messages": [_U, _call({"expression": "2+2"}), {"role": "tool", "content": 4}, _A]}
+        ),
+        ["messages[2].content is not a string"],
+    ),
     (json.dumps({"messages": [_U, _A], "tools": {"calculator": {}}}), ['"tools" is not a list']),
-    (json.dumps({"messages": [{"role": "user", "content": "seven plus eight " * 150}, _A]}),
-     ["tokens", "longer than the largest training sequence bucket (384)",
-      "rollout.max_total_tokens", "trainer.seq_buckets"]),
-]  # fmt: skip
+    (
+        json.dumps({"messages": [{"role": "user", "content": "seven plus eight " * 150}, _A]}),
+        [
+            "tokens",
+            "longer than the largest training sequence bucket (384)",
+            "rollout.max_total_tokens",
+            "trainer.seq_buckets",
+        ],
+    ),
+]
 
 
 def _one_line_error(argv, capsys, monkeypatch):
@@ -227,10 +297,23 @@ def _nothing_written(run):
     assert not [n for n in written if not n.endswith(".log")], written
 
 
-_IDS = ["bad json", "not an object", "no messages", "messages not a list", "unknown role",
-        "no assistant", "assistant first", "content parts", "arguments not json",
-        "arguments a list", "call without function", "tool_calls not a list",
-        "tool content a number", "tools not a list", "too long"]  # fmt: skip
+_IDS = [
+    "bad json",
+    "not an object",
+    "no messages",
+    "messages not a list",
+    "unknown role",
+    "no assistant",
+    "assistant first",
+    "content parts",
+    "arguments not json",
+    "arguments a list",
+    "call without function",
+    "tool_calls not a list",
+    "tool content a number",
+    "tools not a list",
+    "too long",
+]
 
 
 @pytest.mark.parametrize("bad, needles", BAD, ids=_IDS)
@@ -238,18 +321,23 @@ def test_a_malformed_line_is_one_error_line(bad, needles, tmp_path, capsys, monk
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"messages": [_U, _A]}) + "\n\n" + bad + "\n")  # bad: line 3
     run = tmp_path / "run"
-    line = _one_line_error([*FAST, f"run_dir={run}", f"trainer.sft_data={data}"], capsys,
-                           monkeypatch)  # fmt: skip
+    line = _one_line_error(
+        [*FAST, f"run_dir={run}", f"trainer.sft_data={data}"], capsys, monkeypatch
+    )
     assert f"trainer.sft_data={data}: line 3: " in line, line
     for needle in needles:
         assert needle in line, (needle, line)
     _nothing_written(run)
 
 
-@pytest.mark.parametrize("extra, needles", [
-    (["trainer.sft_data=nope.jsonl"], ["trainer.sft_data='nope.jsonl'", "no such file"]),
-    (["trainer.sft_oracle=false"], ["trainer.sft_oracle=false", "trainer.sft_data=null"]),
-], ids=["missing file", "no data"])  # fmt: skip
+@pytest.mark.parametrize(
+    "extra, needles",
+    [
+        (["trainer.sft_data=nope.jsonl"], ["trainer.sft_data='nope.jsonl'", "no such file"]),
+        (["trainer.sft_oracle=false"], ["trainer.sft_oracle=false", "trainer.sft_data=null"]),
+    ],
+    ids=["missing file", "no data"],
+)
 def test_missing_data_is_one_error_line(extra, needles, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     line = _one_line_error([*FAST, "run_dir=run", *extra], capsys, monkeypatch)
@@ -262,8 +350,7 @@ def test_missing_data_is_one_error_line(extra, needles, tmp_path, capsys, monkey
 
 def test_template_errors_and_further_bad_lines_are_named(tmp_path):
     from jaxrl_agents.chat import TINY_CHAT_TEMPLATE, ChatFormat, load_tiny_tokenizer
-    from jaxrl_agents.jobs.config import ConfigError
-    from jaxrl_agents.jobs.sft_data import load
+    from jaxrl_agents.training.sft_data import SftDataError, load
 
     strict = (
         "{%- for m in messages %}{%- if m.content == 'boom' %}"
@@ -274,7 +361,7 @@ def test_template_errors_and_further_bad_lines_are_named(tmp_path):
     boom = {"messages": [{"role": "user", "content": "boom"}, _A]}
     lines = [{"messages": [_U, _A]}, boom, {"messages": [_U]}, boom]
     data.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(SftDataError) as e:
         load(str(data), chat, max_positions=384)
     msg = str(e.value)
     assert "\n" not in msg

@@ -59,15 +59,16 @@ def test_estimator_x_loss(adv, loss):
 
     from jaxrl_agents.cli.app import compose
     from jaxrl_agents.cli.train import to_run_config
-    from jaxrl_agents.jobs.build import effective_loss, uses_critic
+    from jaxrl_agents.jobs.build import uses_critic
+    from jaxrl_agents.jobs.system import effective_loss
     from jaxrl_agents.training.critic import attach_critic
     from jaxrl_agents.training.step import init_train_state
     from jaxrl_agents.training.update import make_rl_update
 
     cfg = to_run_config(compose("config", [f"advantage={adv}", f"loss={loss}"]))
-    cfg.advantage.validate(group_size=G, has_turns=True, has_values=uses_critic(cfg))
+    cfg.advantage.validate(group_size=G, has_turns=True, has_values=uses_critic(cfg.loss))
     model = ToyLM(rngs=nnx.Rngs(0))
-    if uses_critic(cfg):
+    if uses_critic(cfg.loss):
         attach_critic(model, dim=16)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     before = jax.tree.map(np.asarray, params)
@@ -76,7 +77,7 @@ def test_estimator_x_loss(adv, loss):
         graphdef,
         rest,
         tx,
-        loss_cfg=effective_loss(cfg),
+        loss_cfg=effective_loss(cfg.loss, cfg.rollout),
         adv_cfg=cfg.advantage,
         epochs=1,
         minibatches=2,
@@ -91,7 +92,7 @@ def test_estimator_x_loss(adv, loss):
         for name in ("loss", "pg_loss", "grad_norm", "adv_abs"):
             assert np.isfinite(float(getattr(m, name))), (name, m)
         assert int(m.skipped) == 0
-        if uses_critic(cfg):
+        if uses_critic(cfg.loss):
             assert np.isfinite(float(m.vf_loss)) and np.isfinite(float(m.explained_variance))
     after = jax.tree.leaves(state.params)
     assert all(np.isfinite(np.asarray(x)).all() for x in after)

@@ -44,7 +44,7 @@ def main() -> None:
     from flax import nnx
 
     from jaxrl_agents import distributed as D
-    from jaxrl_agents.jobs.build import build_train
+    from jaxrl_agents.jobs.system import build_train
     from jaxrl_agents.jobs.train import train
     from jaxrl_agents.rollout import Collector, Orchestrator
 

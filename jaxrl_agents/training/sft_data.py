@@ -22,7 +22,8 @@ Every line is checked and rendered at start-up, before anything is written or co
 the policy's chat format: :meth:`~jaxrl_agents.chat.render.ChatFormat.encode_conversation`, the
 incremental token-in/token-out path whose ids a rollout of the same conversation produces (the
 loss mask covers the assistant turns). A problem stops the run with one line naming the file, the
-line number and what is wrong (and how many other lines have problems).
+line number and what is wrong (and how many other lines have problems): :class:`SftDataError`,
+which the train job reports as its configuration error.
 """
 
 from __future__ import annotations
@@ -31,13 +32,22 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import jinja2
 
 from jaxrl_agents.facts import decode_arguments, json_error
-from jaxrl_agents.jobs.config import ConfigError
+
+if TYPE_CHECKING:
+    from jaxrl_agents.chat import ChatFormat
 
 ROLES = ("system", "user", "assistant", "tool")
 _KEY = "trainer.sft_data"
+
+
+class SftDataError(ValueError):
+    """The file is missing, empty, or has a bad line: one line naming the file, the line number
+    and what is wrong."""
 
 
 class _Bad(Exception):
@@ -75,34 +85,15 @@ def resolve(spec: str) -> Path:
     return path if path.is_absolute() else Path.cwd() / path
 
 
-def load_for_run(cfg: Any, chat: Any) -> SftFile | None:
-    """The run's ``trainer.sft_data`` checked line by line (None when unset or without SFT):
-    :class:`ConfigError` in one line on the first problem. Nothing is written or compiled."""
-    from jaxrl_agents.jobs.build import seq_buckets
-
-    tr = cfg.trainer
-    if tr.sft_data is None or tr.sft_steps == 0:
-        return None
-    largest = max(seq_buckets(cfg))
-    if tr.seq_buckets is not None:
-        hint = f"trainer.seq_buckets={sorted(tr.seq_buckets)}: add a larger length"
-    else:
-        hint = (
-            f"the buckets follow rollout.max_total_tokens={cfg.rollout.max_total_tokens}: raise "
-            "it (with sampler.max_seq_len) or set trainer.seq_buckets"
-        )
-    return load(tr.sft_data, chat, max_positions=largest, hint=hint)
-
-
-def load(spec: str, chat: Any, *, max_positions: int, hint: str = "") -> SftFile:
+def load(spec: str, chat: ChatFormat, *, max_positions: int, hint: str = "") -> SftFile:
     """Check and encode every conversation of the JSONL file ``spec``; a conversation of ``n``
     tokens trains ``n - 1`` positions, which must fit ``max_positions`` (the largest training
     sequence bucket; ``hint`` says which key sets it)."""
     path = resolve(spec)
     if not path.exists():
-        raise ConfigError(f"{_KEY}={spec!r}: no such file ({path})")
+        raise SftDataError(f"{_KEY}={spec!r}: no such file ({path})")
     if not path.is_file():
-        raise ConfigError(f"{_KEY}={spec!r}: not a file ({path})")
+        raise SftDataError(f"{_KEY}={spec!r}: not a file ({path})")
     data = path.read_bytes()
     rows: list[tuple[list[int], list[int]]] = []
     lines: list[int] = []
@@ -131,9 +122,9 @@ def load(spec: str, chat: Any, *, max_positions: int, hint: str = "") -> SftFile
             shown = ", ".join(str(k) for k, _ in problems[1:6])
             etc = ", ..." if len(problems) > 6 else ""
             more = f" (and {len(problems) - 1} more bad line(s): {shown}{etc})"
-        raise ConfigError(f"{_KEY}={spec}: line {n}: {what}{more}")
+        raise SftDataError(f"{_KEY}={spec}: line {n}: {what}{more}")
     if not rows:
-        raise ConfigError(f"{_KEY}={spec}: the file holds no conversations ({path})")
+        raise SftDataError(f"{_KEY}={spec}: the file holds no conversations ({path})")
     return SftFile(path, rows, lines, hashlib.sha256(data).hexdigest())
 
 
@@ -249,10 +240,8 @@ def _check_calls(at: str, calls: Any) -> None:
             raise _Bad(f"{where}.function.arguments is not a JSON object: {error}")
 
 
-def _encode(chat: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None):
+def _encode(chat: ChatFormat, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None):
     """``chat.encode_conversation``, its template's errors as :class:`_Bad`."""
-    import jinja2
-
     try:
         return chat.encode_conversation(messages, tools)
     except (ValueError, TypeError, KeyError, IndexError, jinja2.TemplateError) as e:

@@ -19,21 +19,28 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from jaxrl_agents import distributed as D
 from jaxrl_agents.algos.batch_shaping import DynamicSampler
-from jaxrl_agents.rollout.collector import Rollout
+from jaxrl_agents.rng import Keys
+from jaxrl_agents.rollout.collector import Collector, Rollout
+from jaxrl_agents.types import Task
 
 log = logging.getLogger("jaxrl_agents")
 
 
 @dataclasses.dataclass
 class StepSource:
-    collector: Any
-    env: Any  # jobs.build.EnvBinding
-    keys: Any  # jobs.records.Keys
-    train_tasks: list
+    """Step ``s``'s tasks are ``train_tasks[s * tasks_per_step ...]`` (cycled); refills draw
+    ``new_tasks(n, seed=...)`` (the env's train split) from the ``refill`` stream of ``keys``."""
+
+    collector: Collector
+    new_tasks: Callable[..., list[Task]]
+    """``(n, *, seed) -> n`` fresh train tasks, for the refill rounds."""
+    keys: Keys
+    train_tasks: list[Task]
     tasks_per_step: int
     group_size: int
     dynamic: bool = False
@@ -45,7 +52,7 @@ class StepSource:
         groups all share one outcome."""
         return bool(fallback) and self.dynamic_on == "outcome"
 
-    def tasks(self, s: int) -> list:
+    def tasks(self, s: int) -> list[Task]:
         k = s * self.tasks_per_step
         n = len(self.train_tasks)
         return [self.train_tasks[(k + j) % n] for j in range(self.tasks_per_step)]
@@ -60,8 +67,9 @@ class StepSource:
     async def step(self, engine: Any, s: int, *, version: int) -> tuple[Rollout, dict[str, float]]:
         """Step ``s``'s scored episodes (this process's share), sampled at policy ``version``,
         and the dynamic-sampling counts (empty without it)."""
-        roll = await self._round(engine, self.tasks(s), seed=self.keys.seed("rollout", s),
-                                 version=version)  # fmt: skip
+        roll = await self._round(
+            engine, self.tasks(s), seed=self.keys.seed("rollout", s), version=version
+        )
         if not self.dynamic:
             return roll, {}
         share = D.even_share(self.tasks_per_step, "trainer.tasks_per_step")
@@ -73,19 +81,24 @@ class StepSource:
         seconds, refills = roll.seconds, 0
         while not sampler.ready:
             r = s * self.max_rounds + sampler.rounds  # a separate, per-step stream of tasks
-            extra = self.env.tasks("train", self.tasks_per_step, seed=self.keys.seed("refill", r))
-            more = await self._round(engine, extra, seed=self.keys.seed("rollout_refill", r),
-                                     version=version)  # fmt: skip
+            extra = self.new_tasks(self.tasks_per_step, seed=self.keys.seed("refill", r))
+            more = await self._round(
+                engine, extra, seed=self.keys.seed("rollout_refill", r), version=version
+            )
             sampler.add(more.trajectories)
             seconds, refills = seconds + more.seconds, refills + 1
         trajs, stats = sampler.take()
         if stats.fallback:
             log.warning(
                 "RL step %d: no group with a varying %s in trainer.dynamic_max_rounds=%d rounds; "
-                "%s", s + 1, self.dynamic_on, self.max_rounds,
-                "its episodes get no loss (only shaping terms vary)" if self.no_loss(stats.fallback)
+                "%s",
+                s + 1,
+                self.dynamic_on,
+                self.max_rounds,
+                "its episodes get no loss (only shaping terms vary)"
+                if self.no_loss(stats.fallback)
                 else "training the last round's groups as sampled (zero advantages)",
-            )  # fmt: skip
+            )
         groups: dict[tuple[int, int], int] = {}
         for t in trajs:  # groups of several rounds: renumber 0..k-1 in order
             t.group_id = groups.setdefault((id(t.task), t.group_id), len(groups))
