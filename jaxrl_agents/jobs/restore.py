@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_agents.jobs.build import build_policy, build_tokenizer, split_params
-from jaxrl_agents.jobs.config import RunConfig, build
+from jaxrl_agents.jobs.config import RunConfig, from_record
 from jaxrl_agents.training.checkpoint import Checkpointer
 
 
@@ -19,7 +19,7 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     path = Path(run_dir) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {str(run_dir)!r} a jaxrl-train run folder?")
-    return build(RunConfig, json.loads(path.read_text()))
+    return from_record(RunConfig, json.loads(path.read_text()), str(path))
 
 
 def checkpointer(run_dir: str | Path) -> Checkpointer:
@@ -77,14 +77,15 @@ def load_policy(
 
 def sft_source_differences(cfg: RunConfig, src: RunConfig) -> list[str]:
     """The settings that shape an SFT result (``model``, ``chat``, ``env``, ``seed``, the
-    ``trainer.sft_*`` fields) where ``cfg`` and ``src`` differ, one ``key: here vs there`` each."""
+    ``trainer.sft`` fields but ``init_from``) where ``cfg`` and ``src`` differ, one ``key: here vs
+    there`` each."""
     import dataclasses
 
     from flax.traverse_util import flatten_dict
 
     def shaping(c: RunConfig) -> dict[str, Any]:
-        tr = {f"trainer.{k}": v for k, v in dataclasses.asdict(c.trainer).items()
-              if k.startswith("sft_") and k != "sft_from"}  # fmt: skip
+        sft = dataclasses.asdict(c.trainer.sft)
+        tr = {f"trainer.sft.{k}": v for k, v in sft.items() if k != "init_from"}
         groups = {g: dataclasses.asdict(getattr(c, g)) for g in ("model", "chat", "env")}
         return {**flatten_dict(groups, sep="."), "seed": c.seed, **tr}
 
@@ -94,21 +95,21 @@ def sft_source_differences(cfg: RunConfig, src: RunConfig) -> list[str]:
 
 
 def check_sft_source(cfg: RunConfig) -> int:
-    """``trainer.sft_from``: the run folder's newest SFT snapshot step, after checking that the
+    """``trainer.sft.init_from``: the run folder's newest SFT snapshot step, after checking that the
     folder is a run with one and that its SFT was made with this run's SFT settings; raises
     ``ConfigError`` naming what is wrong."""
     from jaxrl_agents.jobs.config import ConfigError
 
-    where = f"trainer.sft_from={cfg.trainer.sft_from!r}"
+    where = f"trainer.sft.init_from={cfg.trainer.sft.init_from!r}"
     try:
-        src = load_run_config(cfg.trainer.sft_from)
+        src = load_run_config(cfg.trainer.sft.init_from)
     except FileNotFoundError as e:
         raise ConfigError(f"{where}: {e}") from None
     diffs = sft_source_differences(cfg, src)
     if diffs:
         raise ConfigError(f"{where}: its SFT was made with other settings than this run's: "
                           + "; ".join(diffs[:6]) + (" ..." if len(diffs) > 6 else ""))  # fmt: skip
-    (steps,) = kept_steps(cfg.trainer.sft_from, ("sft",))
+    (steps,) = kept_steps(cfg.trainer.sft.init_from, ("sft",))
     if not steps:
         raise ConfigError(f"{where}: that run has no SFT snapshot yet (checkpoints/sft is empty): "
                           "let its SFT stage finish first")  # fmt: skip
