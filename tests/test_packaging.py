@@ -39,13 +39,13 @@ out = {"package": jaxrl_agents.__file__, "config_dir": config_dir()}
 register_schemas()
 if True:
     cfg = compose("config")
-    out["typed_rl_steps"] = to_run_config(cfg).trainer.rl_steps
+    out["typed_rl_steps"] = to_run_config(cfg).trainer.rl.steps
     out["keys"] = sorted(cfg.keys())
     out["env"] = sorted(cfg.env.keys())
-    out["rl_steps"] = cfg.trainer.rl_steps
+    out["rl_steps"] = cfg.trainer.rl.steps
     out["advantage"] = cfg.advantage.name
     out["model"] = sorted(cfg.model.keys())
-    out["smoke_rl_steps"] = compose("config", overrides=["trainer=smoke"]).trainer.rl_steps
+    out["smoke_rl_steps"] = compose("config", overrides=["trainer=smoke"]).trainer.rl.steps
     # Every top-level config (jaxrl-eval's, jaxrl-export's, ...) composes too.
     tops = sorted(p.stem for p in Path(config_dir()).glob("*.yaml"))
     out["tops"] = {name: sorted(compose(name).keys()) for name in tops}

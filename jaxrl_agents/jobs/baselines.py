@@ -1,17 +1,16 @@
-"""A non-RL baseline the train job runs in place of the RL stage (``trainer.rl_stage=rft``).
+"""A non-RL baseline the train job runs in place of the RL stage (``trainer.rl.stage=rft``).
 
 Rejection-sampling fine-tuning (RFT): the policy RL would start from (the SFT result) samples
-the RL stage's episode budget, ``rl_steps x tasks_per_step x rollout.group_size`` episodes on the
-same task stream and sampling seeds as RL's steps, with the rollout's temperature; the env's
-verdict keeps the successful ones; then ``rl_steps`` SFT steps of ``tasks_per_step x group_size``
-rows each (the rows of an RL update) train on the kept episodes, drawn uniformly, at
-``trainer.sft_lr`` with the optimizer's warm-up and a cosine decay over the stage. The sampler
-holds one policy throughout: one round from the starting policy, not expert iteration. Same
-budget, same updates, no reward beyond the verdict and no advantage: what RL adds over it is
-what the comparison measures.
-
-The stage is not resumed midway: a run folder stopped inside it starts the stage again from its
-starting checkpoint (the RL stage's step 0); its end is checkpointed as RL's last step.
+the RL stage's episode budget, ``trainer.rl.steps x tasks_per_step x rollout.group_size``
+episodes on the same task stream and sampling seeds as RL's steps, with the rollout's
+temperature; the env's verdict keeps the successful ones; then ``trainer.rl.steps`` SFT steps of
+``tasks_per_step x group_size`` rows each (the rows of an RL update) train on the kept episodes,
+drawn uniformly, at ``trainer.sft.lr`` with the optimizer's warm-up and a cosine decay over the
+stage. The sampler holds one policy throughout: one round from the starting policy, not expert
+iteration. Same budget, same updates, no reward beyond the verdict and no advantage: what RL adds
+over it is what the comparison measures. The stage is not resumed midway: a run folder stopped
+inside it starts the stage again from its starting checkpoint (the RL stage's step 0); its end is
+checkpointed as RL's last step.
 """
 
 from __future__ import annotations
@@ -36,11 +35,13 @@ async def rft(run: Any, engine: Any, state: TrainState) -> TrainState:
     ``engine`` holds); returns the fine-tuned state, checkpointed as RL's last step."""
     cfg, tr, system = run.cfg, run.tr, run.sys
     group, collector = cfg.rollout.group_size, system.collector
-    source = StepSource(collector, system.env, run.keys, run.train_tasks, tr.tasks_per_step, group)
+    source = StepSource(
+        collector, system.env, run.keys, run.train_tasks, tr.rl.tasks_per_step, group
+    )
     kept: list[tuple[list[int], list[int]]] = []
     episodes = 0
-    for s in run.bar(0, tr.rl_steps, "RFT sampling"):
-        roll, _ = await source.step(engine, s, version=tr.sft_steps)
+    for s in run.bar(0, tr.rl.steps, "RFT sampling"):
+        roll, _ = await source.step(engine, s, version=tr.sft.steps)
         trajs = collector.everyone(roll)  # every process holds every kept row (as in SFT)
         run.check_errors(trajs, f"RFT sampling round {s + 1}")
         episodes += len(trajs)
@@ -54,24 +55,26 @@ async def rft(run: Any, engine: Any, state: TrainState) -> TrainState:
             f"RFT: none of the {episodes} episodes sampled from the starting policy succeeded; "
             "nothing to fine-tune on"
         )
-    opt = dataclasses.replace(cfg.optimizer, lr=tr.sft_lr, hold_steps=0, decay_steps=tr.rl_steps)
+    opt = dataclasses.replace(cfg.optimizer, lr=tr.sft.lr, hold_steps=0, decay_steps=tr.rl.steps)
     tx = opt.build()
     state = run.fresh_state(state.params, tx)
     step_fn = make_train_step(
-        system.graphdef, tx, sft_loss(chunk=tr.logprob_chunk),
-        microbatches=tr.microbatches, rest=system.rest,
+        system.graphdef, tx, sft_loss(chunk=tr.batching.logprob_chunk),
+        microbatches=tr.batching.microbatches, rest=system.rest,
     )  # fmt: skip
-    rows_per_step = tr.tasks_per_step * group
-    share = D.even_share(rows_per_step, "trainer.tasks_per_step x rollout.group_size")
+    rows_per_step = tr.rl.tasks_per_step * group
+    share = D.even_share(rows_per_step, "trainer.rl.tasks_per_step x rollout.group_size")
     rng = np.random.default_rng(run.keys.seed("rft_order"))
-    for s in run.bar(0, tr.rl_steps, "RFT"):
+    for s in run.bar(0, tr.rl.steps, "RFT"):
         rows = [kept[i] for i in rng.integers(0, len(kept), rows_per_step)]
-        batch = collector.sft_batch(rows, share, pack=tr.pack_rows, row_multiple=tr.microbatches)
+        batch = collector.sft_batch(
+            rows, share, pack=tr.batching.pack_rows, row_multiple=tr.batching.microbatches
+        )
         state, m = step_fn(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
-        if every(10, s + 1) or s + 1 == tr.rl_steps:
+        if every(10, s + 1) or s + 1 == tr.rl.steps:
             run.logger.log(s + 1, D.host_value(m), stage="rft")
     if len(kept) < rows_per_step:
         print(f"WARNING: RFT: {len(kept)} kept episodes for batches of {rows_per_step} rows: "
               "each step repeats them", file=sys.stderr, flush=True)  # fmt: skip
-    run.checkpoint(tr.sft_steps + tr.rl_steps, state, "rl", tr.rl_steps, force=True)
+    run.checkpoint(tr.sft.steps + tr.rl.steps, state, "rl", tr.rl.steps, force=True)
     return state

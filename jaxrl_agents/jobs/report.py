@@ -58,7 +58,7 @@ def step_row(run, roll, everyone, db, metrics, train_s: float, engine, s: int) -
     """The step's log row over the global batch (episodes all-gathered without token lists)."""
     stats = summarize(everyone)
     rollout_s = float(D.gather_rows(np.array(roll.seconds)).max())
-    version = run.tr.sft_steps + s
+    version = run.tr.sft.steps + s
     return {
         "reward": float(np.mean([t.reward for t in everyone])),
         "success": stats["success"],
@@ -84,7 +84,7 @@ def best(run) -> dict[str, Any] | None:
     step = run.ckpt.best.best_step()
     if step is None:
         return None
-    return {"step": int(step), "rl_step": int(step) - run.tr.sft_steps}
+    return {"step": int(step), "rl_step": int(step) - run.tr.sft.steps}
 
 
 def summary(run, export_dir, wall_s: float, state) -> dict[str, Any]:
@@ -106,7 +106,7 @@ def summary(run, export_dir, wall_s: float, state) -> dict[str, Any]:
         "sft": sft,
         "rl": rl,
         "skipped_updates": int(D.host_value(state.skipped)),
-        # stages whose share of env_error / reward_error episodes passed trainer.error_warn_frac
+        # stages whose share of env_error / reward_error episodes passed trainer.log.error_warn_frac
         "episode_errors": stages.get("episode_errors", []),
         "export_dir": str(export_dir) if export_dir else None,
         "wall_s": wall_s,

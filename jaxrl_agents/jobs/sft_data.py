@@ -1,5 +1,5 @@
 """SFT data from the user: a JSONL file of OpenAI-style tool-calling conversations
-(``trainer.sft_data``).
+(``trainer.sft.data``).
 
 One conversation per line::
 
@@ -37,7 +37,7 @@ from jaxrl_agents.facts import decode_arguments, json_error
 from jaxrl_agents.jobs.config import ConfigError
 
 ROLES = ("system", "user", "assistant", "tool")
-_KEY = "trainer.sft_data"
+_KEY = "trainer.sft.data"
 
 
 class _Bad(Exception):
@@ -46,7 +46,7 @@ class _Bad(Exception):
 
 @dataclasses.dataclass
 class SftFile:
-    """A checked ``trainer.sft_data`` file: one golden ``(ids, loss_mask)`` row per conversation,
+    """A checked ``trainer.sft.data`` file: one golden ``(ids, loss_mask)`` row per conversation,
     in file order."""
 
     path: Path
@@ -69,29 +69,31 @@ class SftFile:
 
 
 def resolve(spec: str) -> Path:
-    """``trainer.sft_data`` as a path: relative ones against the current working directory (the
+    """``trainer.sft.data`` as a path: relative ones against the current working directory (the
     jobs run with Hydra's ``chdir: false``)."""
     path = Path(spec).expanduser()
     return path if path.is_absolute() else Path.cwd() / path
 
 
 def load_for_run(cfg: Any, chat: Any) -> SftFile | None:
-    """The run's ``trainer.sft_data`` checked line by line (None when unset or without SFT):
+    """The run's ``trainer.sft.data`` checked line by line (None when unset or without SFT):
     :class:`ConfigError` in one line on the first problem. Nothing is written or compiled."""
     from jaxrl_agents.jobs.build import seq_buckets
 
     tr = cfg.trainer
-    if tr.sft_data is None or tr.sft_steps == 0:
+    if tr.sft.data is None or tr.sft.steps == 0:
         return None
     largest = max(seq_buckets(cfg))
-    if tr.seq_buckets is not None:
-        hint = f"trainer.seq_buckets={sorted(tr.seq_buckets)}: add a larger length"
+    if tr.batching.seq_buckets is not None:
+        hint = (
+            f"trainer.batching.seq_buckets={sorted(tr.batching.seq_buckets)}: add a larger length"
+        )
     else:
         hint = (
             f"the buckets follow rollout.max_total_tokens={cfg.rollout.max_total_tokens}: raise "
-            "it (with sampler.max_seq_len) or set trainer.seq_buckets"
+            "it (with sampler.max_seq_len) or set trainer.batching.seq_buckets"
         )
-    return load(tr.sft_data, chat, max_positions=largest, hint=hint)
+    return load(tr.sft.data, chat, max_positions=largest, hint=hint)
 
 
 def load(spec: str, chat: Any, *, max_positions: int, hint: str = "") -> SftFile:

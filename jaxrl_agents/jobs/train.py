@@ -70,7 +70,9 @@ def train(cfg: RunConfig, system: TrainSystem | None = None) -> dict[str, Any]:
 
     ``system``: the components to run with (default ``build_train(cfg)``): tests and tools pass
     one whose collector or sampler view they instrument."""
-    require_wandb(cfg.trainer.wandb)  # trainer.wandb.project set without the package: stop now
+    require_wandb(
+        cfg.trainer.log.wandb
+    )  # trainer.log.wandb.project set without the package: stop now
     D.maybe_initialize(cfg.mesh)
     return asyncio.run(_train(cfg, system))
 
@@ -81,7 +83,7 @@ class _Run:
     def __init__(self, cfg: RunConfig, system: TrainSystem):
         self.cfg, self.tr = cfg, cfg.trainer
         self.sys = system
-        self.keys = Keys(cfg.seed, rl_seed=cfg.trainer.rl_seed)
+        self.keys = Keys(cfg.seed, rl_seed=cfg.trainer.rl.seed)
         self.record = RunRecord(cfg.run_dir)
         ckpt_dir = self.record.dir / "checkpoints"
         # before anything is written:
@@ -90,24 +92,26 @@ class _Run:
         self.base = report.lora_base(cfg, system.model, self.record, has_checkpoints)
         self.record.write_config(cfg)
         self.record.note_environment(environment())
-        self.logger = RunLogger(cfg.run_dir, wandb=self.tr.wandb, config=dataclasses.asdict(cfg))
+        self.logger = RunLogger(
+            cfg.run_dir, wandb=self.tr.log.wandb, config=dataclasses.asdict(cfg)
+        )
         self.ckpt = Checkpointer(
             ckpt_dir,
-            keep=self.tr.keep_checkpoints,
-            async_save=self.tr.async_checkpoints,
+            keep=self.tr.checkpoint.keep,
+            async_save=self.tr.checkpoint.async_save,
             best_metric="validation_success",
         )
         env = self.sys.env
-        self.heldout = env.tasks("heldout", self.tr.heldout_tasks, seed=cfg.seed)
-        n_val = self.tr.validation_tasks or self.tr.heldout_tasks
+        self.heldout = env.tasks("heldout", self.tr.eval.heldout_tasks, seed=cfg.seed)
+        n_val = self.tr.eval.validation_tasks or self.tr.eval.heldout_tasks
         self.validation = env.tasks("validation", n_val, seed=cfg.seed)
-        n_train = max(self.tr.rl_steps * self.tr.tasks_per_step, 1)
+        n_train = max(self.tr.rl.steps * self.tr.rl.tasks_per_step, 1)
         self.train_tasks = env.tasks("train", n_train, seed=self.keys.seed("rl_tasks"))
         opt = cfg.optimizer
-        # SFT's copy steps (trainer.sft_copy_steps) hold the peak lr; the golden steps decay.
-        copies = self.tr.sft_copy_steps
+        # SFT's copy steps (trainer.sft.copy_steps) hold the peak lr; the golden steps decay.
+        copies = self.tr.sft.copy_steps
         sft_opt = dataclasses.replace(
-            opt, lr=self.tr.sft_lr, hold_steps=copies, decay_steps=self.tr.sft_steps - copies
+            opt, lr=self.tr.sft.lr, hold_steps=copies, decay_steps=self.tr.sft.steps - copies
         )
         self.sft_tx, self.rl_tx = sft_opt.build(), opt.build()
 
@@ -116,7 +120,7 @@ class _Run:
 
     def bar(self, start: int, total: int, desc: str):
         it = range(start, total)
-        if not self.tr.progress or jax.process_index() != 0:
+        if not self.tr.log.progress or jax.process_index() != 0:
             return it
         from tqdm.auto import tqdm
 
@@ -134,10 +138,11 @@ class _Run:
         return summarize(trajs), trajs
 
     def check_errors(self, trajs: list, where: str) -> None:
-        """Loud on the console past ``trainer.error_warn_frac``, abort past ``error_abort_frac``."""
+        """Loud on the console past ``trainer.log.error_warn_frac``, abort past
+        ``error_abort_frac``."""
         bad = [t for t in trajs if t.end_reason in _ERRORS]
         frac = len(bad) / max(len(trajs), 1)
-        if not bad or frac <= self.tr.error_warn_frac:
+        if not bad or frac <= self.tr.log.error_warn_frac:
             return
         kinds = {e.value: sum(t.end_reason == e for t in bad) for e in _ERRORS}
         lines = (bad[0].error or "").strip().splitlines()
@@ -146,9 +151,9 @@ class _Run:
         # the summary lists every such step, not only the console (see report.summary)
         entry = {"where": where, "episodes": len(trajs), **kinds, "first": first}
         self.record.set("episode_errors", [*self.record.stages.get("episode_errors", []), entry])
-        if frac > self.tr.error_abort_frac:
-            raise JobAborted(f"{line} (more than trainer.error_abort_frac="
-                             f"{self.tr.error_abort_frac})")  # fmt: skip
+        if frac > self.tr.log.error_abort_frac:
+            raise JobAborted(f"{line} (more than trainer.log.error_abort_frac="
+                             f"{self.tr.log.error_abort_frac})")  # fmt: skip
         print(f"WARNING: {line}", file=sys.stderr, flush=True)
 
     def meta(self, stage: str, stage_step: int) -> dict[str, Any]:
@@ -164,41 +169,41 @@ class _Run:
         test split's numbers stay unbiased by the selection)."""
         meta = self.meta("rl", rl_step)
         metrics = {"validation_success": val_success}
-        self.ckpt.save_best(self.tr.sft_steps + rl_step, state, meta, metrics)
+        self.ckpt.save_best(self.tr.sft.steps + rl_step, state, meta, metrics)
 
 
 async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
     t_start = time.time()
     system = system if system is not None else build_train(cfg)
     needs = await check_oracle_fits(system)  # before anything is written or compiled
-    sft_file = load_for_run(cfg, system.chat)  # trainer.sft_data: every line checked, encoded
+    sft_file = load_for_run(cfg, system.chat)  # trainer.sft.data: every line checked, encoded
     run = _Run(cfg, system)
     tr = run.tr
     run.record.set("oracle_needs", needs)
     state = run.fresh_state(system.initial_params, run.sft_tx)
     stage, step = "sft", 0
-    if tr.resume and run.ckpt.latest_step() is not None:
+    if tr.checkpoint.resume and run.ckpt.latest_step() is not None:
         state, meta = run.ckpt.restore(report.abstract(state))
         stage, step = meta["stage"], int(meta["stage_step"])
         run.logger.truncate_after(stage, step)  # rows logged after that checkpoint come again
         print(f"resuming from checkpoint: stage={stage} step={step}", flush=True)
-    if stage == "sft" and step == 0 and tr.sft_from is not None:
+    if stage == "sft" and step == 0 and tr.sft.init_from is not None:
         from jaxrl_agents.jobs.restore import check_sft_source, sft_params_from
 
         src_step = check_sft_source(cfg)
-        params = sft_params_from(tr.sft_from, state.params, mesh=system.mesh)
+        params = sft_params_from(tr.sft.init_from, state.params, mesh=system.mesh)
         state = run.fresh_state(params, run.sft_tx)
-        run.record.set("sft_from", {"run": str(Path(tr.sft_from).resolve()),
+        run.record.set("sft_from", {"run": str(Path(tr.sft.init_from).resolve()),
                                     "sft_step": src_step})  # fmt: skip
-        print(f"SFT: not trained here; the policy of {tr.sft_from}@sft "
+        print(f"SFT: not trained here; the policy of {tr.sft.init_from}@sft "
               f"(step {src_step})", flush=True)  # fmt: skip
 
     async with system.engine(state.params) as engine:
         if stage == "sft":
             state = await _sft(run, state, step, sft_file)
             engine.update_weights(system.sampler_view(state.params))
-            summary, trajs = await run.evaluate(engine, version=tr.sft_steps)
-            val, _ = await run.evaluate(engine, version=tr.sft_steps, split="validation")
+            summary, trajs = await run.evaluate(engine, version=tr.sft.steps)
+            val, _ = await run.evaluate(engine, version=tr.sft.steps, split="validation")
             run.record.set("sft_eval", summary)
             run.record.set("sft_validation", val)
             run.record.save()
@@ -209,27 +214,29 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
             print(f"SFT held-out success: {summary['success']:.3f} (95% CI {lo:.3f}-{hi:.3f})")
             # RL starts from the SFT weights with a fresh optimizer.
             state, stage, step = run.fresh_state(state.params, run.rl_tx), "rl", 0
-            run.checkpoint(tr.sft_steps, state, "rl", 0, force=True)
-            run.ckpt.save_sft(tr.sft_steps, state, run.meta("rl", 0))
+            run.checkpoint(tr.sft.steps, state, "rl", 0, force=True)
+            run.ckpt.save_sft(tr.sft.steps, state, run.meta("rl", 0))
             run.offer_best(0, state, val["success"])
         if step == 0:  # RL starts here (after SFT, or resumed where it would): the gate
             _gate_rl(run, run.record.stages.get("sft_validation"))
         engine.update_weights(system.sampler_view(state.params))
-        if tr.rl_stage == "rft":  # the non-RL baseline (jobs.baselines)
-            state = await rft(run, engine, state) if step < tr.rl_steps else state
+        if tr.rl.stage == "rft":  # the non-RL baseline (jobs.baselines)
+            state = await rft(run, engine, state) if step < tr.rl.steps else state
         else:
             state = await _rl(run, engine, state, step)
         run.ckpt.wait()
         final_model = system.sampler_view(state.params)  # also what process 0 exports
         engine.update_weights(final_model)
-        final, trajs = await run.evaluate(engine, version=tr.sft_steps + tr.rl_steps)
-        val, _ = await run.evaluate(engine, version=tr.sft_steps + tr.rl_steps, split="validation")
-    run.offer_best(tr.rl_steps, state, val["success"])  # the last step competes too
+        final, trajs = await run.evaluate(engine, version=tr.sft.steps + tr.rl.steps)
+        val, _ = await run.evaluate(engine, version=tr.sft.steps + tr.rl.steps, split="validation")
+    run.offer_best(tr.rl.steps, state, val["success"])  # the last step competes too
     run.record.set("rl_validation", val)
     run.ckpt.wait()
-    run.logger.trajectories(tr.rl_steps, trajs, name="heldout_rl_final")
+    run.logger.trajectories(tr.rl.steps, trajs, name="heldout_rl_final")
     export_dir = None
-    if tr.export and jax.process_index() == 0:  # the same faithful export as jaxrl-export's
+    if (
+        tr.checkpoint.export and jax.process_index() == 0
+    ):  # the same faithful export as jaxrl-export's
         from jaxrl_agents.jobs.export import export_policy
 
         export_dir = export_policy(final_model, system.tokenizer, cfg, run.record.dir / "hf_export")
@@ -242,14 +249,14 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
 
 
 def _gate_rl(run: _Run, val: dict[str, Any] | None) -> None:
-    """``trainer.rl_start_min_success``: stop before RL (the SFT snapshot is saved) when the
+    """``trainer.rl.start_min_success``: stop before RL (the SFT snapshot is saved) when the
     starting policy's validation success is below it; warn when it is 0 and the gate is off."""
     tr = run.tr
-    if val is None or tr.rl_steps == 0:  # no recorded numbers (an older folder), or no RL
+    if val is None or tr.rl.steps == 0:  # no recorded numbers (an older folder), or no RL
         return
     success, n = float(val["success"]), int(val.get("n", 0))
-    passed = success >= tr.rl_start_min_success
-    run.record.set("rl_gate", {"min_success": tr.rl_start_min_success,
+    passed = success >= tr.rl.start_min_success
+    run.record.set("rl_gate", {"min_success": tr.rl.start_min_success,
                                "validation_success": success, "passed": passed})  # fmt: skip
     run.record.save()
     where = (f"the policy RL would start from solves {round(success * n)} of the {n} validation "
@@ -257,13 +264,13 @@ def _gate_rl(run: _Run, val: dict[str, Any] | None) -> None:
     if not passed:
         run.ckpt.wait()
         raise JobAborted(
-            f"{where}, below trainer.rl_start_min_success={tr.rl_start_min_success}: RL not run. "
+            f"{where}, below trainer.rl.start_min_success={tr.rl.start_min_success}: RL not run. "
             f"The SFT snapshot is saved in {run.record.dir}; rerun with a lower "
-            "trainer.rl_start_min_success to start RL from it anyway"
+            "trainer.rl.start_min_success to start RL from it anyway"
         )
     if success == 0.0:
         print(f"WARNING: {where}: an outcome reward has little for RL to reinforce (set "
-              "trainer.rl_start_min_success to stop here instead)",
+              "trainer.rl.start_min_success to stop here instead)",
               file=sys.stderr, flush=True)  # fmt: skip
 
 
@@ -271,47 +278,47 @@ async def _sft(
     run: _Run, state: TrainState, start: int, sft_file: SftFile | None = None
 ) -> TrainState:
     tr, system = run.tr, run.sys
-    if start >= tr.sft_steps or tr.sft_from is not None:
+    if start >= tr.sft.steps or tr.sft.init_from is not None:
         return state
-    # The pool: the oracle's golden episodes (trainer.sft_oracle), then the user's file
-    # (trainer.sft_data, checked and encoded at start-up), both through the same chat path.
-    oracle = await _oracle_rows(run) if tr.sft_oracle else []
+    # The pool: the oracle's golden episodes (trainer.sft.oracle), then the user's file
+    # (trainer.sft.data, checked and encoded at start-up), both through the same chat path.
+    oracle = await _oracle_rows(run) if tr.sft.oracle else []
     file_rows = sft_file.rows if sft_file is not None else []
     data = oracle + file_rows
     _note_sft_data(run, len(oracle), sft_file)
     if not data:
         raise JobAborted("SFT golden data: no oracle episode ended with an answer")
     step_fn = make_train_step(
-        system.graphdef, run.sft_tx, sft_loss(chunk=tr.logprob_chunk),
-        microbatches=tr.microbatches, rest=system.rest,
+        system.graphdef, run.sft_tx, sft_loss(chunk=tr.batching.logprob_chunk),
+        microbatches=tr.batching.microbatches, rest=system.rest,
     )  # fmt: skip
     order = np.random.default_rng(run.keys.seed("sft_order")).permutation(len(data))
-    copies = tr.sft_copy_steps
+    copies = tr.sft.copy_steps
     vocab = None
     if start < copies:
         vocab = ordinary_ids(system.chat.tokenizer)
-        print(f"SFT: steps {start + 1}-{copies} on synthetic copy rows (trainer.sft_copy_steps), "
-              f"then {tr.sft_steps - copies} on the golden data", flush=True)  # fmt: skip
+        print(f"SFT: steps {start + 1}-{copies} on synthetic copy rows (trainer.sft.copy_steps), "
+              f"then {tr.sft.steps - copies} on the golden data", flush=True)  # fmt: skip
     # Every process holds all golden data (scripted, or read from the file) and packs its share
     # of each batch.
-    share = D.even_share(tr.sft_batch_size, "trainer.sft_batch_size")
-    copy_share = D.even_share(tr.sft_copy_batch, "trainer.sft_copy_batch") if copies else share
-    bar = run.bar(start, tr.sft_steps, "SFT")
+    share = D.even_share(tr.sft.batch_size, "trainer.sft.batch_size")
+    copy_share = D.even_share(tr.sft.copy_batch, "trainer.sft.copy_batch") if copies else share
+    bar = run.bar(start, tr.sft.steps, "SFT")
     for s in bar:
         if s < copies:  # drawn from the step's own stream: a resumed run draws the same rows
             rng = np.random.default_rng(run.keys.seed("sft_copy", s))
-            rows = copy_rows(rng, vocab, tr.sft_copy_batch)
+            rows = copy_rows(rng, vocab, tr.sft.copy_batch)
         else:
-            g = (s - copies) * tr.sft_batch_size
-            rows = [data[order[(g + j) % len(data)]] for j in range(tr.sft_batch_size)]
+            g = (s - copies) * tr.sft.batch_size
+            rows = [data[order[(g + j) % len(data)]] for j in range(tr.sft.batch_size)]
         batch = system.collector.sft_batch(
             rows,
             copy_share if s < copies else share,
-            pack=tr.pack_rows,
-            row_multiple=tr.microbatches,
+            pack=tr.batching.pack_rows,
+            row_multiple=tr.batching.microbatches,
         )
         state, m = step_fn(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
-        if every(10, s + 1) or s + 1 == tr.sft_steps:
+        if every(10, s + 1) or s + 1 == tr.sft.steps:
             m = D.host_value(m)
             key = "copy_nll" if s < copies else "nll"  # the copy rows' loss is its own curve
             if s < copies:
@@ -319,7 +326,7 @@ async def _sft(
             run.logger.log(s + 1, m, stage="sft")
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix({key: f"{float(m[key]):.3f}"})
-        if every(tr.checkpoint_every * 5, s + 1) and s + 1 < tr.sft_steps:
+        if every(tr.checkpoint.every * 5, s + 1) and s + 1 < tr.sft.steps:
             run.checkpoint(s + 1, state, "sft", s + 1)
     return state
 
@@ -331,7 +338,7 @@ async def _oracle_rows(run: _Run) -> list[tuple[list[int], list[int]]]:
     rng = np.random.default_rng(run.keys.seed("sft_oracle"))
     oracle = system.env.oracle(run.cfg.env.oracle, rng=rng)
     engine = ScriptedEngine(system.chat, policy_factory=oracle)
-    tasks = system.env.golden_tasks("train", tr.sft_examples, seed=run.keys.seed("sft_tasks"))
+    tasks = system.env.golden_tasks("train", tr.sft.examples, seed=run.keys.seed("sft_tasks"))
     golden = system.golden_collector().orchestrator(engine, greedy=True, group_size=1)
     trajs = await golden.run(tasks, group_size=1, seed=0)
     run.check_errors(trajs, "SFT golden data")
@@ -343,11 +350,11 @@ async def _oracle_rows(run: _Run) -> list[tuple[list[int], list[int]]]:
             f"ended without an answer ({', '.join(ends)}) and are left out",
             file=sys.stderr, flush=True,
         )  # fmt: skip
-    if tr.sft_filter == "verified":  # the annotator's data filtered by the env's verdict
+    if tr.sft.filter == "verified":  # the annotator's data filtered by the env's verdict
         kept = [t for t in answered if t.success]
         run.record.set("sft_filter", {"answered": len(answered), "verified": len(kept)})
         print(f"SFT golden data: {len(kept)} of {len(answered)} answered episodes verified "
-              "(trainer.sft_filter=verified)", flush=True)  # fmt: skip
+              "(trainer.sft.filter=verified)", flush=True)  # fmt: skip
         answered = kept
     return [(t.token_ids, t.loss_mask) for t in answered]
 
@@ -356,7 +363,7 @@ def _note_sft_data(run: _Run, oracle_rows: int, sft_file: SftFile | None) -> Non
     """Record (``stages.json``'s ``sft_data``) and print how many SFT rows came from where."""
     rows = oracle_rows + (len(sft_file.rows) if sft_file is not None else 0)
     note: dict[str, Any] = {"rows": rows, "oracle_rows": oracle_rows, "file_rows": 0}
-    parts = [f"{oracle_rows} oracle episodes"] if run.tr.sft_oracle else []
+    parts = [f"{oracle_rows} oracle episodes"] if run.tr.sft.oracle else []
     if sft_file is not None:
         note.update(file_rows=len(sft_file.rows), file=sft_file.record())
         parts.append(f"{len(sft_file.rows)} conversations from {sft_file.path}")
@@ -378,11 +385,12 @@ def _reference(run: _Run, state: TrainState, start: int) -> Any:
 async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainState:
     cfg, tr, system = run.cfg, run.tr, run.sys
     group, collector = cfg.rollout.group_size, system.collector
-    rows = tr.tasks_per_step // jax.process_count() * group  # this process's rows of each step
+    rows = tr.rl.tasks_per_step // jax.process_count() * group  # this process's rows of each step
     update = make_rl_update(
         system.graphdef, system.rest, run.rl_tx, loss_cfg=system.loss, adv_cfg=cfg.advantage,
-        epochs=tr.ppo_epochs, minibatches=tr.minibatches, microbatches=tr.microbatches,
-        logprob_chunk=tr.logprob_chunk, batch_sharding=collector.sharding,
+        epochs=tr.rl.ppo_epochs, minibatches=tr.rl.minibatches,
+        microbatches=tr.batching.microbatches, logprob_chunk=tr.batching.logprob_chunk,
+        batch_sharding=collector.sharding,
         sampling=SamplingTransform.from_rollout(cfg.rollout),
     )  # fmt: skip
     ref = _reference(run, state, start)
@@ -391,9 +399,9 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
                                         "checksum": report.checksum(ref)})  # fmt: skip
 
     source = StepSource(
-        collector, system.env, run.keys, run.train_tasks, tr.tasks_per_step, group,
-        dynamic=tr.dynamic_sampling, max_rounds=tr.dynamic_max_rounds,
-        dynamic_on=tr.dynamic_sampling_on,
+        collector, system.env, run.keys, run.train_tasks, tr.rl.tasks_per_step, group,
+        dynamic=tr.rl.dynamic_sampling, max_rounds=tr.rl.dynamic_max_rounds,
+        dynamic_on=tr.rl.dynamic_sampling_on,
     )  # fmt: skip
     pushed = {"updates": start}  # RL updates reflected in the sampler's weights
 
@@ -405,16 +413,16 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
             pushed["updates"] = updates
 
     def launch(s: int):
-        version = tr.sft_steps + pushed["updates"]
+        version = tr.sft.steps + pushed["updates"]
         return asyncio.ensure_future(source.step(engine, s, version=version))
 
-    pending = launch(start) if start < tr.rl_steps else None
-    bar = run.bar(start, tr.rl_steps, "RL")
+    pending = launch(start) if start < tr.rl.steps else None
+    bar = run.bar(start, tr.rl.steps, "RL")
     for s in bar:
         roll, shaping = await pending  # COLLECT + REWARD (+ refills of zero-variance groups)
         pending = None
         push(state, s)  # no collection runs now: the engine catches up (overlap mode)
-        if tr.off_policy_overlap and s + 1 < tr.rl_steps:
+        if tr.rl.off_policy_overlap and s + 1 < tr.rl.steps:
             # Samples step s+1 while this step trains, with the weights before this update
             # (staleness 1; the importance ratio uses the rollout logprobs).
             pending = launch(s + 1)
@@ -422,8 +430,8 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
         everyone = collector.everyone(roll, slim=True)  # all processes' episodes, for the record
         run.check_errors(everyone, f"RL step {s + 1}")
         db = collector.device_batch(
-            roll, rows=rows, max_turns=cfg.rollout.max_turns, mask_overlong=tr.mask_overlong,
-            pack=tr.pack_rows, row_multiple=tr.minibatches * tr.microbatches,
+            roll, rows=rows, max_turns=cfg.rollout.max_turns, mask_overlong=tr.rl.mask_overlong,
+            pack=tr.batching.pack_rows, row_multiple=tr.rl.minibatches * tr.batching.microbatches,
             no_loss=source.no_loss(shaping.get("dynamic/fallback", 0)),
         )  # fmt: skip
         if db.sampled_tokens:
@@ -438,11 +446,11 @@ async def _rl(run: _Run, engine: Any, state: TrainState, start: int) -> TrainSta
         metrics = {**metrics, **shaping, "real_frac": db.real_frac}
         if pending is None:
             push(state, s + 1)
-            if s + 1 < tr.rl_steps:
+            if s + 1 < tr.rl.steps:
                 pending = launch(s + 1)
         train_s = time.perf_counter() - t_train
         row = report.step_row(run, roll, everyone, db, metrics, train_s, engine, s)
-        if every(tr.eval_every, s + 1) and s + 1 < tr.rl_steps and pending is not None:
+        if every(tr.eval.every, s + 1) and s + 1 < tr.rl.steps and pending is not None:
             done = await pending  # evaluate the newest weights: wait for the running collection
             pending = asyncio.ensure_future(_ready(done))
             push(state, s + 1)
@@ -460,15 +468,15 @@ async def _after_step(run: _Run, engine, state, step: int, row: dict, trajs: lis
     run.logger.log(step, row, stage="rl")
     if hasattr(bar, "set_postfix"):
         bar.set_postfix(reward=f"{row['reward']:.2f}", success=f"{row['success']:.2f}")
-    if every(tr.log_trajectories_every, step):
+    if every(tr.log.trajectories_every, step):
         run.logger.trajectories(step, trajs[: min(8, len(trajs))])  # the first rows
     point = {"step": step, "reward": row["reward"], "train_success": row["success"]}
-    if every(tr.eval_every, step) and step < tr.rl_steps:
-        summary, _ = await run.evaluate(engine, version=tr.sft_steps + step, split="validation")
+    if every(tr.eval.every, step) and step < tr.rl.steps:
+        summary, _ = await run.evaluate(engine, version=tr.sft.steps + step, split="validation")
         point["validation_success"] = summary["success"]
         run.logger.log(step, {"validation_success": summary["success"]}, stage="eval")
         run.offer_best(step, state, summary["success"])
     run.record.curve.append(point)
-    if every(tr.checkpoint_every, step) or step == tr.rl_steps:
-        run.checkpoint(tr.sft_steps + step, state, "rl", step)
+    if every(tr.checkpoint.every, step) or step == tr.rl.steps:
+        run.checkpoint(tr.sft.steps + step, state, "rl", step)
         run.record.save()
