@@ -277,8 +277,14 @@ class TrainerSpec:
     release, with a deprecation line naming its new key (``jobs.config.RENAMED``)."""
 
     sft: SFTSpec = dataclasses.field(default_factory=SFTSpec)
+    """The SFT warm start: steps, batch, data, learning rate (``trainer.sft.steps=0``: none)."""
     rl: RLSpec = dataclasses.field(default_factory=RLSpec)
+    """The stage after SFT: steps, stage kind, seed, start gate and each step's collection."""
     batching: BatchingSpec = dataclasses.field(default_factory=BatchingSpec)
+    """Layout of training rows (SFT and RL): micro-batches, padded lengths, packing."""
     eval: TrainerEvalSpec = dataclasses.field(default_factory=TrainerEvalSpec)
+    """Held-out and validation tasks and the validation (keep-best) cadence."""
     checkpoint: CheckpointSpec = dataclasses.field(default_factory=CheckpointSpec)
+    """Checkpoint cadence and count, resuming, the Hugging Face export."""
     log: LogSpec = dataclasses.field(default_factory=LogSpec)
+    """Trajectories, progress bars, W&B and the episode-error thresholds."""
