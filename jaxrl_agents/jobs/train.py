@@ -70,9 +70,8 @@ def train(cfg: RunConfig, system: TrainSystem | None = None) -> dict[str, Any]:
 
     ``system``: the components to run with (default ``build_train(cfg)``): tests and tools pass
     one whose collector or sampler view they instrument."""
-    require_wandb(
-        cfg.trainer.log.wandb
-    )  # trainer.log.wandb.project set without the package: stop now
+    # trainer.log.wandb.project set without the package: stop now
+    require_wandb(cfg.trainer.log.wandb)
     D.maybe_initialize(cfg.mesh)
     return asyncio.run(_train(cfg, system))
 
@@ -234,9 +233,8 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
     run.ckpt.wait()
     run.logger.trajectories(tr.rl.steps, trajs, name="heldout_rl_final")
     export_dir = None
-    if (
-        tr.checkpoint.export and jax.process_index() == 0
-    ):  # the same faithful export as jaxrl-export's
+    # the same faithful export as jaxrl-export's
+    if tr.checkpoint.export and jax.process_index() == 0:
         from jaxrl_agents.jobs.export import export_policy
 
         export_dir = export_policy(final_model, system.tokenizer, cfg, run.record.dir / "hf_export")
