@@ -418,10 +418,28 @@ def render() -> str:
             used,
         )
     )
+    parts.append(renamed_section())
     stale = sorted(set(FALLBACK) - used)
     if stale:
         raise SystemExit(f"FALLBACK entries for fields that do not exist: {', '.join(stale)}")
     return "\n".join(parts).rstrip() + "\n"
+
+
+def renamed_section() -> str:
+    """The keys renamed since the previous release (``RENAMED``): old keys still work, with a
+    deprecation line, for one release."""
+    from jaxrl_agents.jobs.config import RENAMED
+
+    rows = "\n".join(f"| `{old}` | `{new}` |" for old, new in RENAMED.items())
+    return (
+        "## Renamed keys\n\n"
+        "The `trainer` group was split into groups (`sft`, `rl`, `batching`, `eval`, `checkpoint`, "
+        "`log`) and `rollout` took a `sampling` record. An old key on the command line, in a YAML "
+        "file or in a run folder's `config.json` still works for one release: it is read as its "
+        "new key, with a deprecation line on stderr "
+        "(`jaxrl_agents.jobs.config_tree.RENAMED`).\n\n"
+        f"| old key | new key |\n|---|---|\n{rows}\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
