@@ -48,7 +48,8 @@ def test_gate_value_is_checked(tmp_path, monkeypatch, capsys):
     code = _main([*FAST, f"run_dir={tmp_path / 'x'}", "trainer.rl.start_min_success=1.5"],
                  monkeypatch)  # fmt: skip
     assert code not in (0, None)
-    assert "rl_start_min_success=1.5 must lie in [0, 1]" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "trainer.rl.start_min_success: start_min_success=1.5 must lie in [0, 1]" in err
     assert not (tmp_path / "x" / "checkpoints").exists()  # stopped before anything was built
 
 
