@@ -149,4 +149,5 @@ def test_wheel_configs_compose_outside_checkout(wheel, tmp_path):
         cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "rl_steps:" in proc.stdout and "name: calculator" in proc.stdout, proc.stdout[-2000:]
+    assert "  rl:\n    steps:" in proc.stdout, proc.stdout[-2000:]
+    assert "name: calculator" in proc.stdout, proc.stdout[-2000:]
