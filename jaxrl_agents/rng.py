@@ -22,7 +22,7 @@ PURPOSES = (
 )
 """The run's independent random streams, one per purpose."""
 RL_PURPOSES = ("rl_tasks", "rollout", "update", "refill", "rollout_refill", "rft_order")
-"""The streams only RL (or the RFT stage in its place) draws from (``trainer.rl_seed`` reseeds
+"""The streams only RL (or the RFT stage in its place) draws from (``trainer.rl.seed`` reseeds
 them alone)."""
 
 

@@ -1,7 +1,7 @@
 """Does a freshly initialised policy learn in-context copying (an induction head) from the copy
-rows of ``trainer.sft_copy_steps``, and when?  The check behind the preset's copy steps
+rows of ``trainer.sft.copy_steps``, and when?  The check behind the preset's copy steps
 (EXPERIMENTS.md): it trains the model of ``experiment=<name>`` on the job's copy rows through the
-job's own SFT step, batching and optimizer (``trainer.sft_lr``, held), and prints the repeat's
+job's own SFT step, batching and optimizer (``trainer.sft.lr``, held), and prints the repeat's
 NLL every 50 steps against chance (the log of the vocabulary the rows draw from).
 
     python scripts/check_copy_head.py                        # sql's model, rows of 64 tokens
@@ -41,23 +41,23 @@ def main() -> None:
         compose("config", [f"experiment={args.experiment}", "mesh=single", f"seed={args.seed}"])
     )
     system = build_train(cfg)
-    tx = dataclasses.replace(cfg.optimizer, lr=cfg.trainer.sft_lr, decay_steps=0).build()
+    tx = dataclasses.replace(cfg.optimizer, lr=cfg.trainer.sft.lr, decay_steps=0).build()
     state = D.replicated_on(init_train_state(system.initial_params, tx), system.mesh)
     step = make_train_step(
-        system.graphdef, tx, sft_loss(chunk=cfg.trainer.logprob_chunk), rest=system.rest
+        system.graphdef, tx, sft_loss(chunk=cfg.trainer.batching.logprob_chunk), rest=system.rest
     )
     vocab = ordinary_ids(system.chat.tokenizer)
     rng = np.random.default_rng(args.seed)
     share = slice(0, args.batch)
     print(
-        f"copy rows of {args.length} tokens, {args.batch} a step, lr {cfg.trainer.sft_lr}; "
+        f"copy rows of {args.length} tokens, {args.batch} a step, lr {cfg.trainer.sft.lr}; "
         f"chance NLL {math.log(len(vocab)):.2f}",
         flush=True,
     )
     t0, nll, formed = time.time(), [], None
     for s in range(1, args.steps + 1):
         rows = copy_rows(rng, vocab, args.batch, length=args.length)
-        batch = system.collector.sft_batch(rows, share, pack=cfg.trainer.pack_rows)
+        batch = system.collector.sft_batch(rows, share, pack=cfg.trainer.batching.pack_rows)
         state, m = step(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
         nll.append(float(m["nll"]))
         if formed is None and np.mean(nll[-10:]) < 1.0:

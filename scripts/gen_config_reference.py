@@ -39,7 +39,7 @@ CONFIGS = ROOT / "configs"
 
 FALLBACK: dict[str, str] = {
     "RunConfig.seed": "Seed of the model's initialisation, the SFT data and the held-out and "
-    "validation tasks; of RL's own draws too unless ``trainer.rl_seed`` is set.",
+    "validation tasks; of RL's own draws too unless ``trainer.rl.seed`` is set.",
     "RunConfig.name": "Run name: ``configs/config.yaml`` sets ``run_dir`` to "
     "``runs/<name>/seed<seed>``, and a sweep's jobs go under ``multirun/<name>/``.",
     "RunConfig.run_dir": "The run folder (config, metrics, checkpoints, summary, export). "
@@ -52,19 +52,6 @@ FALLBACK: dict[str, str] = {
     "MeshSpec.num_processes": "Number of ``jax.distributed`` processes; None: from the "
     "environment / SLURM, if any.",
     "MeshSpec.process_id": "This process's index among them; None: from the environment / SLURM.",
-    "TrainerSpec.sft_steps": "SFT optimizer steps before RL (0: no SFT stage).",
-    "TrainerSpec.sft_batch_size": "Sequences per SFT step.",
-    "TrainerSpec.rl_steps": "RL steps (each: collect, reward, update, push).",
-    "TrainerSpec.ppo_epochs": "Passes over each step's rollout batch (each pass is "
-    "``minibatches`` optimizer updates).",
-    "TrainerSpec.checkpoint_every": "Checkpoint every this many RL steps (and the last one); "
-    "SFT checkpoints every 5x this many steps.",
-    "TrainerSpec.keep_checkpoints": "Newest checkpoints kept under ``checkpoints/latest/``.",
-    "TrainerSpec.async_checkpoints": "Write checkpoints in the background (orbax async saves).",
-    "TrainerSpec.log_trajectories_every": "Write sample trajectories "
-    "(``trajectories/*.jsonl``) every this many RL steps (0: never).",
-    "TrainerSpec.export": "Write the Hugging Face export (``hf_export/``) at the end of the run.",
-    "TrainerSpec.progress": "Show progress bars on the console.",
     "OptimizerConfig.min_lr_ratio": "The cosine decay ends at ``min_lr_ratio x lr``.",
     "OptimizerConfig.weight_decay": "AdamW weight decay.",
     "OptimizerConfig.b1": "AdamW's first-moment decay.",
@@ -92,7 +79,7 @@ hand; run `python scripts/gen_config_reference.py` (the test suite runs it with 
 Every key and its default lives in a typed dataclass (`jaxrl_agents/jobs/config.py` lists where
 each group's class is). Hydra registers those classes as structured configs; the YAML files under
 `configs/` only override fields or add presets. Set a key on the command line with its dotted name
-(`trainer.sft_steps=500`), pick a preset with its group (`advantage=rloo`), add a key to a mapping
+(`trainer.sft.steps=500`), pick a preset with its group (`advantage=rloo`), add a key to a mapping
 that the preset does not list with `+` (`+env.options.max_rows=50`). `jaxrl-train --cfg job`
 prints the composed config.
 
@@ -431,10 +418,28 @@ def render() -> str:
             used,
         )
     )
+    parts.append(renamed_section())
     stale = sorted(set(FALLBACK) - used)
     if stale:
         raise SystemExit(f"FALLBACK entries for fields that do not exist: {', '.join(stale)}")
     return "\n".join(parts).rstrip() + "\n"
+
+
+def renamed_section() -> str:
+    """The keys renamed since the previous release (``RENAMED``): old keys still work, with a
+    deprecation line, for one release."""
+    from jaxrl_agents.jobs.config import RENAMED
+
+    rows = "\n".join(f"| `{old}` | `{new}` |" for old, new in RENAMED.items())
+    return (
+        "## Renamed keys\n\n"
+        "The `trainer` group was split into groups (`sft`, `rl`, `batching`, `eval`, `checkpoint`, "
+        "`log`) and `rollout` took a `sampling` record. An old key on the command line, in a YAML "
+        "file or in a run folder's `config.json` still works for one release: it is read as its "
+        "new key, with a deprecation line on stderr "
+        "(`jaxrl_agents.jobs.config_tree.RENAMED`).\n\n"
+        f"| old key | new key |\n|---|---|\n{rows}\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@
     python scripts/run_experiment.py research --variants reward=dense reward=demo
     python scripts/run_experiment.py sql --share-sft --variants "" advantage=grpo  # one SFT a seed
     python scripts/run_experiment.py research --sft-seed 2 --seeds 2 0 1 --variants "" \
-        advantage=grpo        # one SFT in all; --seeds are RL seeds (trainer.rl_seed)
+        advantage=grpo        # one SFT in all; --seeds are RL seeds (trainer.rl.seed)
 
 Each (variant, seed) trains with ``jaxrl-train experiment=<name> seed=<s> <variant>`` in its own
 run folder ``experiments/<name>/<variant>/seed<s>`` (a rerun resumes it), then ``jaxrl-eval`` puts
@@ -34,15 +34,15 @@ import textwrap
 import time
 from pathlib import Path
 
-QUICK = ["trainer.sft_steps=4", "trainer.sft_copy_steps=0", "trainer.sft_examples=16",
-         "trainer.sft_batch_size=4",
-         "trainer.rl_steps=2", "trainer.tasks_per_step=2", "rollout.group_size=2",
-         "trainer.eval_every=1", "trainer.heldout_tasks=4", "trainer.validation_tasks=4",
-         "trainer.checkpoint_every=1", "trainer.async_checkpoints=false",
-         "trainer.progress=false", "trainer.export=false", "sampler.max_slots=16",
-         "trainer.rl_start_min_success=0"]  # fmt: skip
+QUICK = ["trainer.sft.steps=4", "trainer.sft.copy_steps=0", "trainer.sft.examples=16",
+         "trainer.sft.batch_size=4",
+         "trainer.rl.steps=2", "trainer.rl.tasks_per_step=2", "rollout.group_size=2",
+         "trainer.eval.every=1", "trainer.eval.heldout_tasks=4", "trainer.eval.validation_tasks=4",
+         "trainer.checkpoint.every=1", "trainer.checkpoint.async_save=false",
+         "trainer.log.progress=false", "trainer.checkpoint.export=false", "sampler.max_slots=16",
+         "trainer.rl.start_min_success=0"]  # fmt: skip
 """A few steps of every stage; 4 SFT steps solve nothing, so the RL gate is off. No copy steps
-(a preset's ``trainer.sft_copy_steps``): their path is tested on its own (tests/jobs/
+(a preset's ``trainer.sft.copy_steps``): their path is tested on its own (tests/jobs/
 test_copy_rows.py), and the suite does not compile their program once per preset."""
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 
@@ -94,21 +94,21 @@ def train_and_eval(
 ) -> dict:
     """Train (unless the run folder is finished) and evaluate one (variant, seed); ``runner(cmd,
     log)`` runs a ``python -m <module> ...`` command (default :func:`run_command`, a subprocess);
-    ``sft_from``: a run folder whose SFT result RL starts from (``trainer.sft_from``);
+    ``sft_from``: a run folder whose SFT result RL starts from (``trainer.sft.init_from``);
     ``sft_seed``: the run's seed is ``sft_seed`` and ``seed`` is its RL seed alone
-    (``trainer.rl_seed``; folder ``sft<sft_seed>-rl<seed>``)."""
+    (``trainer.rl.seed``; folder ``sft<sft_seed>-rl<seed>``)."""
     run = runner or run_command
     if sft_seed is None:
         run_dir, seeds = root / slug(variant) / f"seed{seed}", [f"seed={seed}"]
     else:
         run_dir = root / slug(variant) / f"sft{sft_seed}-rl{seed}"
-        seeds = [f"seed={sft_seed}", f"trainer.rl_seed={seed}"]
+        seeds = [f"seed={sft_seed}", f"trainer.rl.seed={seed}"]
     py = [sys.executable, "-m"]
     # a variant's overrides come last: they may override QUICK's too
     overrides = [f"experiment={name}", *seeds, f"run_dir={run_dir}",
                  *(QUICK if quick else []), *variant.split()]  # fmt: skip
     if sft_from is not None:
-        overrides.append(f"trainer.sft_from={sft_from}")
+        overrides.append(f"trainer.sft.init_from={sft_from}")
     if not (run_dir / "summary.json").exists():
         try:
             run([*py, "jaxrl_agents.cli.train", *overrides], run_dir / "train_console.log")
@@ -129,7 +129,7 @@ def train_and_eval(
         template = cfg.get("chat", {}).get("template")
         ev = [f"policies=[{policies}]", f"out={out}",
               *([f"chat.template={template}"] if template and base else []),
-              f"tasks={cfg['trainer']['heldout_tasks']}", f"seed={cfg['seed']}",
+              f"tasks={cfg['trainer']['eval']['heldout_tasks']}", f"seed={cfg['seed']}",
               f"rollout.max_turns={cfg['rollout']['max_turns']}",
               f"rollout.max_new_tokens={cfg['rollout']['max_new_tokens']}",
               f"rollout.max_total_tokens={cfg['rollout']['max_total_tokens']}",
@@ -142,7 +142,7 @@ def train_and_eval(
         curve.append((0.0, sft_val))
     for r in rows:
         if r["stage"] == "rl":
-            n_eps = cfg["trainer"]["tasks_per_step"] * cfg["rollout"]["group_size"]
+            n_eps = cfg["trainer"]["rl"]["tasks_per_step"] * cfg["rollout"]["group_size"]
             env_steps += r.get("mean_turns", 0.0) * n_eps
         elif r["stage"] == "eval" and "validation_success" in r and r["step"] > 0:
             curve.append((env_steps, r["validation_success"]))
@@ -169,7 +169,7 @@ def gated_result(
     name: str, variant: str, seed: int, run_dir: Path, sft_seed: int | None = None
 ) -> dict | None:
     """A (variant, seed) that stopped at the RL gate (its SFT policy's validation success below
-    ``trainer.rl_start_min_success``; ``stages.json``'s ``rl_gate``), None if it did not. Its
+    ``trainer.rl.start_min_success``; ``stages.json``'s ``rl_gate``), None if it did not. Its
     final policy is the SFT policy, so its RL numbers are the SFT's (a change of 0 in the means;
     the tables say so) and it has no curve."""
     path = run_dir / "stages.json"
@@ -179,7 +179,7 @@ def gated_result(
         return None
     sft = stages["sft_eval"]
     print(f"  {name} [{variant or 'base'}] seed {seed}: RL not run (SFT validation success "
-          f"{gate['validation_success']:.3f} < trainer.rl_start_min_success="
+          f"{gate['validation_success']:.3f} < trainer.rl.start_min_success="
           f"{gate['min_success']}); counted as RL = SFT")  # fmt: skip
     fails = sft.get("failure_modes", {})
     return {
@@ -276,7 +276,7 @@ def write(name: str, results: list[dict], root: Path) -> str:
     lines = [f"## Experiment `{name}`", ""]
     sft_seeds = sorted({r["sft_seed"] for r in results if r.get("sft_seed") is not None})
     if sft_seeds:
-        lines += [f"Seeds are RL seeds (`trainer.rl_seed`), every run's RL from the one SFT result "
+        lines += [f"Seeds are RL seeds (`trainer.rl.seed`), every run's RL from the one SFT result "
                   f"of seed {', '.join(map(str, sft_seeds))}: the intervals are RL's variation "
                   "alone, not SFT's.", ""]  # fmt: skip
     machines = sorted({machine(r["environment"]) for r in results if r.get("environment")})
@@ -344,7 +344,7 @@ def write(name: str, results: list[dict], root: Path) -> str:
         stopped = [str(r["seed"]) for r in rs if r.get("gate")]
         if stopped:
             lines += [f"RL not run on seed(s) {', '.join(stopped)}: the SFT policy's validation "
-                      "success was below trainer.rl_start_min_success. They count as RL = SFT "
+                      "success was below trainer.rl.start_min_success. They count as RL = SFT "
                       "(no change) in the means above and are left out of the curves.",
                       ""]  # fmt: skip
         modes = sorted({k for r in rs for k in (*r["sft_failures"], *r["rl_failures"])})
@@ -398,7 +398,7 @@ def main() -> None:
     ap.add_argument("--share-sft", action="store_true",
                     help="the first variant trains SFT (pass \"\" first for the preset as it "
                          "is); every other variant starts RL from its SFT result of the same "
-                         "seed (trainer.sft_from): RL recipes compared from one SFT, at the "
+                         "seed (trainer.sft.init_from): RL recipes compared from one SFT, at the "
                          "cost of their RL only")  # fmt: skip
     ap.add_argument(
         "--sft-seed",
@@ -406,7 +406,7 @@ def main() -> None:
         default=None,
         help="one SFT result for every run: the first (variant, seed) trains it with "
         "seed=SFT_SEED, every other run starts RL from it; --seeds are then RL "
-        "seeds (trainer.rl_seed), so the intervals hold the SFT policy fixed",
+        "seeds (trainer.rl.seed), so the intervals hold the SFT policy fixed",
     )
     ap.add_argument(
         "--compile-cache",

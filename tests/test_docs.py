@@ -102,7 +102,7 @@ def test_config_reference_is_current(tmp_path, capsys):
     gen = _generator()
     assert gen.main(["--check"]) == 0, capsys.readouterr().err
     stale = tmp_path / "config.md"
-    stale.write_text(gen.OUT.read_text().replace("| `trainer.sft_steps` |", "| `trainer.x` |"))
+    stale.write_text(gen.OUT.read_text().replace("| `trainer.sft.steps` |", "| `trainer.x` |"))
     assert gen.main(["--check", "--out", str(stale)]) == 1
     assert "out of date" in capsys.readouterr().err
 

@@ -39,13 +39,13 @@ out = {"package": jaxrl_agents.__file__, "config_dir": config_dir()}
 register_schemas()
 if True:
     cfg = compose("config")
-    out["typed_rl_steps"] = to_run_config(cfg).trainer.rl_steps
+    out["typed_rl_steps"] = to_run_config(cfg).trainer.rl.steps
     out["keys"] = sorted(cfg.keys())
     out["env"] = sorted(cfg.env.keys())
-    out["rl_steps"] = cfg.trainer.rl_steps
+    out["rl_steps"] = cfg.trainer.rl.steps
     out["advantage"] = cfg.advantage.name
     out["model"] = sorted(cfg.model.keys())
-    out["smoke_rl_steps"] = compose("config", overrides=["trainer=smoke"]).trainer.rl_steps
+    out["smoke_rl_steps"] = compose("config", overrides=["trainer=smoke"]).trainer.rl.steps
     # Every top-level config (jaxrl-eval's, jaxrl-export's, ...) composes too.
     tops = sorted(p.stem for p in Path(config_dir()).glob("*.yaml"))
     out["tops"] = {name: sorted(compose(name).keys()) for name in tops}
@@ -149,4 +149,5 @@ def test_wheel_configs_compose_outside_checkout(wheel, tmp_path):
         cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "rl_steps:" in proc.stdout and "name: calculator" in proc.stdout, proc.stdout[-2000:]
+    assert "  rl:\n    steps:" in proc.stdout, proc.stdout[-2000:]
+    assert "name: calculator" in proc.stdout, proc.stdout[-2000:]

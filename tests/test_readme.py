@@ -190,7 +190,7 @@ def test_readme_real_model_commands_compose():
     assert set(cmds) == {"jaxrl-eval", "jaxrl-train", "jaxrl-export"}
     [train] = compose_command(cmds["jaxrl-train"])
     assert train.model.path == "smollm2" and train.model.lora.rank == 16
-    assert train.chat.template == "qwen2.5" and train.trainer.rl_steps == 2
+    assert train.chat.template == "qwen2.5" and train.trainer.rl.steps == 2
     assert pretrained_warning(train) is None
     [ev] = compose_command(cmds["jaxrl-eval"])
     assert ev.policies == ["smollm2"] and ev.tasks == 20

@@ -28,7 +28,7 @@ from jaxrl_agents.cli import config_dir
 def folder_name(text: str) -> str:
     """``text`` as a run folder's name: ``[`` / ``]`` become ``(`` / ``)`` (orbax's checkpoint
     store cannot restore from a path with brackets, and a sweep folder named after a list
-    override, ``trainer.seq_buckets=[256,512]``, would have them)."""
+    override, ``trainer.batching.seq_buckets=[256,512]``, would have them)."""
     return text.replace("[", "(").replace("]", ")")
 
 

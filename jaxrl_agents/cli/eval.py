@@ -3,7 +3,7 @@
     jaxrl-eval policies=[runs/demo/seed0@sft,runs/demo/seed0] env=calculator tasks=100
     jaxrl-eval snapshots=runs/demo/seed0                    # all checkpoints, best marked
     jaxrl-eval policies=[/models/Qwen2.5-1.5B-Instruct] env=sql samples=8 ks=[1,4,8] \
-        rollout.temperature=0.7
+        rollout.sampling.temperature=0.7
     jaxrl-eval policies=[scripted:wrong,scripted:oracle] env=calculator tasks=20   # no model
 
 Writes ``<out>/report.html`` (self-contained), ``report.json`` and one trajectories JSONL per

@@ -60,14 +60,14 @@ def _sweep_run_dir(tree) -> None:
 
 
 def _sweep_wandb_group(tree) -> None:
-    """In a multirun with W&B logging on (``trainer.wandb.project``) and no
-    ``trainer.wandb.group`` given, group the sweep's jobs under the sweep's name: the name of its
-    folder (``hydra.sweep.dir``, ``multirun/<name>`` by default)."""
+    """In a multirun with W&B logging on (``trainer.log.wandb.project``) and no
+    ``trainer.log.wandb.group`` given, group the sweep's jobs under the sweep's name: the name of
+    its folder (``hydra.sweep.dir``, ``multirun/<name>`` by default)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hc = HydraConfig.get()
-    wandb = tree.trainer.wandb
+    wandb = tree.trainer.log.wandb
     if hc.mode != RunMode.MULTIRUN or wandb.project is None or wandb.group is not None:
         return
     wandb.group = sweep_name(hc.sweep.dir)
@@ -120,7 +120,7 @@ def format_summary(summary: dict) -> str:
                     / max(e["episodes"], 1))  # fmt: skip
         table += (
             f"\nWARNING: {len(errors)} stage(s) had episodes ending in errors past "
-            f"trainer.error_warn_frac; worst: {worst['where']}: env_error "
+            f"trainer.log.error_warn_frac; worst: {worst['where']}: env_error "
             f"{worst.get('env_error', 0)}, reward_error {worst.get('reward_error', 0)} of "
             f"{worst['episodes']}; first: {worst['first'][:200]} (summary.json: episode_errors)"
         )

@@ -6,7 +6,7 @@ Policies are named by a spec string (:meth:`PolicySpec.parse`):
 ``runs/demo/seed0``                a ``jaxrl-train`` run folder: its newest checkpoint
 ``runs/demo/seed0@best``           the trainer's keep-best checkpoint (by held-out success)
 ``runs/demo/seed0@sft``            the RL starting point = the SFT result (global step
-                                   ``trainer.sft_steps``, from ``sft/``, ``latest/`` or ``best/``)
+                                   ``trainer.sft.steps``, from ``sft/``, ``latest/`` or ``best/``)
 ``runs/demo/seed0@310``            global step 310
 ``/models/Qwen2.5-1.5B-Instruct``  a local Hugging Face folder (``models.load_pretrained``)
 ``/models/qwen2.5-1.5b.Q8_0.gguf``  a GGUF file, read through its cached converted folder

@@ -30,7 +30,7 @@ class StepRecord:
     compiles: int
     """The sampler engine's compilations so far (0 for an engine without the count)."""
     version: int
-    """The policy version the update trains (``trainer.sft_steps`` + the RL step)."""
+    """The policy version the update trains (``trainer.sft.steps`` + the RL step)."""
 
 
 def step_row(rec: StepRecord) -> dict[str, Any]:

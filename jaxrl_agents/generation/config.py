@@ -1,9 +1,10 @@
 """Configuration records of the sampler engine: what to sample (per request) and how to batch.
 
-``SamplingParams`` travels with every ``Session.generate`` call; ``EngineConfig`` fixes the shapes
-that are compiled once (slots, per-slot cache length, prefill buckets, decode chunk) and the
-scheduling policy (prefix sharing, chunked prefill). Both validate
-eagerly so a typo fails at construction, not at trace time.
+``SamplingParams`` (a ``Sampling`` distribution plus the request's length, stops and seed)
+travels with every ``Session.generate`` call; ``EngineConfig`` fixes the shapes that are compiled
+once (slots, per-slot cache length, prefill buckets, decode chunk) and the scheduling policy
+(prefix sharing, chunked prefill). Both validate eagerly so a typo fails at construction, not at
+trace time.
 """
 
 from __future__ import annotations
@@ -14,28 +15,30 @@ from typing import Literal
 FinishReason = Literal["stop", "length", "cache_full"]
 
 
-def check_sampling(x, *, prefix: str = "", greedy_ok: bool = True) -> None:
+def check_sampling(x, *, greedy_ok: bool = True) -> None:
     """The one range check of sampling settings (anything with ``temperature``, ``top_k``,
-    ``top_p``, ``min_p``: ``SamplingParams``, the ``rollout`` config group, the learner's sampling
-    transform). ``prefix`` names the config key's group in the messages."""
+    ``top_p``, ``min_p``: ``Sampling`` (``rollout.sampling``) and ``SamplingParams``, the
+    learner's sampling transform)."""
     if greedy_ok and x.temperature < 0:
-        raise ValueError(f"{prefix}temperature={x.temperature} must be >= 0 (0 = greedy)")
+        raise ValueError(f"temperature={x.temperature} must be >= 0 (0 = greedy)")
     if not greedy_ok and not x.temperature > 0:
         raise ValueError(
-            f"{prefix}temperature={x.temperature} must be > 0 (greedy has no sampling "
+            f"temperature={x.temperature} must be > 0 (greedy has no sampling "
             "distribution: use None, the temperature-1 policy)"
         )
     if x.top_k < 0:
-        raise ValueError(f"{prefix}top_k={x.top_k} must be >= 0 (0 = no top-k filter)")
+        raise ValueError(f"top_k={x.top_k} must be >= 0 (0 = no top-k filter)")
     if not 0.0 < x.top_p <= 1.0:
-        raise ValueError(f"{prefix}top_p={x.top_p} must be in (0, 1] (1 = no top-p filter)")
+        raise ValueError(f"top_p={x.top_p} must be in (0, 1] (1 = no top-p filter)")
     if not 0.0 <= x.min_p < 1.0:
-        raise ValueError(f"{prefix}min_p={x.min_p} must be in [0, 1) (0 = no min-p filter)")
+        raise ValueError(f"min_p={x.min_p} must be in [0, 1) (0 = no min-p filter)")
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """How to sample one turn. Filters apply in the order temperature -> top-k -> top-p -> min-p."""
+class Sampling:
+    """The distribution a turn is sampled from: temperature and the filters, applied in the order
+    temperature -> top-k -> top-p -> min-p. The record a config holds (``rollout.sampling``);
+    :class:`SamplingParams` adds what one request needs besides."""
 
     temperature: float = 1.0
     """Softmax temperature; 0 means greedy (argmax)."""
@@ -45,25 +48,9 @@ class SamplingParams:
     """Keep the smallest set of most likely tokens whose mass reaches top_p; 1 keeps all."""
     min_p: float = 0.0
     """Drop tokens whose probability is below min_p times the most likely token's; 0 keeps all."""
-    max_new_tokens: int = 64
-    """At most this many tokens are generated in the turn (finish reason ``length``)."""
-    stop_token_ids: tuple[int, ...] = ()
-    """Generation ends after any of these ids is sampled (it is returned, reason ``stop``)."""
-    stop_sequences: tuple[tuple[int, ...], ...] = ()
-    """Generation ends once the generated tokens end with one of these id sequences (reason
-    ``stop``; the sequence is returned). Matched within this turn's generated tokens."""
-    seed: int = 0
-    """Request key = PRNGKey(seed); the key of a token is fold_in(request key, its position)."""
 
     def __post_init__(self) -> None:
         check_sampling(self)
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        seqs = tuple(tuple(int(t) for t in seq) for seq in self.stop_sequences)
-        if any(not seq or min(seq) < 0 for seq in seqs):
-            raise ValueError(f"stop_sequences={self.stop_sequences}: need non-empty id sequences")
-        object.__setattr__(self, "stop_sequences", seqs)
 
     @property
     def greedy(self) -> bool:
@@ -79,6 +66,32 @@ class SamplingParams:
             or self.top_p < 1.0
             or self.min_p > 0.0
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams(Sampling):
+    """How to sample one turn: the :class:`Sampling` distribution (its fields first, same order)
+    and the request's length, stops and seed."""
+
+    max_new_tokens: int = 64
+    """At most this many tokens are generated in the turn (finish reason ``length``)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Generation ends after any of these ids is sampled (it is returned, reason ``stop``)."""
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    """Generation ends once the generated tokens end with one of these id sequences (reason
+    ``stop``; the sequence is returned). Matched within this turn's generated tokens."""
+    seed: int = 0
+    """Request key = PRNGKey(seed); the key of a token is fold_in(request key, its position)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        seqs = tuple(tuple(int(t) for t in seq) for seq in self.stop_sequences)
+        if any(not seq or min(seq) < 0 for seq in seqs):
+            raise ValueError(f"stop_sequences={self.stop_sequences}: need non-empty id sequences")
+        object.__setattr__(self, "stop_sequences", seqs)
 
 
 @dataclasses.dataclass

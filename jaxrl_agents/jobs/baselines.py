@@ -1,14 +1,14 @@
-"""A non-RL baseline the train job runs in place of the RL stage (``trainer.rl_stage=rft``).
+"""A non-RL baseline the train job runs in place of the RL stage (``trainer.rl.stage=rft``).
 
 Rejection-sampling fine-tuning (RFT): the policy RL would start from (the SFT result) samples
-the RL stage's episode budget, ``rl_steps x tasks_per_step x rollout.group_size`` episodes on the
-same task stream and sampling seeds as RL's steps, with the rollout's temperature; the env's
-verdict keeps the successful ones; then ``rl_steps`` SFT steps of ``tasks_per_step x group_size``
-rows each (the rows of an RL update) train on the kept episodes, drawn uniformly, at
-``trainer.sft_lr`` with the optimizer's warm-up and a cosine decay over the stage. The sampler
-holds one policy throughout: one round from the starting policy, not expert iteration. Same
-budget, same updates, no reward beyond the verdict and no advantage: what RL adds over it is
-what the comparison measures.
+the RL stage's episode budget, ``trainer.rl.steps x tasks_per_step x rollout.group_size``
+episodes on the same task stream and sampling seeds as RL's steps, with the rollout's
+temperature; the env's verdict keeps the successful ones; then ``trainer.rl.steps`` SFT steps of
+``tasks_per_step x group_size`` rows each (the rows of an RL update) train on the kept
+episodes, drawn uniformly, at ``trainer.sft.lr`` with the optimizer's warm-up and a cosine decay
+over the stage. The sampler holds one policy throughout: one round from the starting policy, not
+expert iteration. Same budget, same updates, no reward beyond the verdict and no advantage: what
+RL adds over it is what the comparison measures.
 
 The stage is not resumed midway: a run folder stopped inside it starts the stage again from its
 starting checkpoint (the RL stage's step 0); its end is checkpointed as RL's last step.
@@ -39,8 +39,8 @@ async def rft(run: Run, engine: Any, state: TrainState) -> TrainState:
     source = run.step_source(dynamic=False)
     kept: list[tuple[list[int], list[int]]] = []
     episodes = 0
-    for s in run.bar(0, tr.rl_steps, "RFT sampling"):
-        roll, _ = await source.step(engine, s, version=tr.sft_steps)
+    for s in run.bar(0, tr.rl.steps, "RFT sampling"):
+        roll, _ = await source.step(engine, s, version=tr.sft.steps)
         trajs = collector.everyone(roll)  # every process holds every kept row (as in SFT)
         run.check_errors(trajs, f"RFT sampling round {s + 1}")
         episodes += len(trajs)
@@ -54,24 +54,26 @@ async def rft(run: Run, engine: Any, state: TrainState) -> TrainState:
             f"RFT: none of the {episodes} episodes sampled from the starting policy succeeded; "
             "nothing to fine-tune on"
         )
-    opt = dataclasses.replace(cfg.optimizer, lr=tr.sft_lr, hold_steps=0, decay_steps=tr.rl_steps)
+    opt = dataclasses.replace(cfg.optimizer, lr=tr.sft.lr, hold_steps=0, decay_steps=tr.rl.steps)
     tx = opt.build()
     state = run.fresh_state(state.params, tx)
     step_fn = make_train_step(
         system.graphdef,
         tx,
-        sft_loss(chunk=tr.logprob_chunk),
-        microbatches=tr.microbatches,
+        sft_loss(chunk=tr.batching.logprob_chunk),
+        microbatches=tr.batching.microbatches,
         rest=system.rest,
     )
-    rows_per_step = tr.tasks_per_step * group
-    share = D.even_share(rows_per_step, "trainer.tasks_per_step x rollout.group_size")
+    rows_per_step = tr.rl.tasks_per_step * group
+    share = D.even_share(rows_per_step, "trainer.rl.tasks_per_step x rollout.group_size")
     rng = np.random.default_rng(run.keys.seed("rft_order"))
-    for s in run.bar(0, tr.rl_steps, "RFT"):
+    for s in run.bar(0, tr.rl.steps, "RFT"):
         rows = [kept[i] for i in rng.integers(0, len(kept), rows_per_step)]
-        batch = collector.sft_batch(rows, share, pack=tr.pack_rows, row_multiple=tr.microbatches)
+        batch = collector.sft_batch(
+            rows, share, pack=tr.batching.pack_rows, row_multiple=tr.batching.microbatches
+        )
         state, m = step_fn(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
-        if every(10, s + 1) or s + 1 == tr.rl_steps:
+        if every(10, s + 1) or s + 1 == tr.rl.steps:
             run.logger.log(s + 1, D.host_value(m), stage="rft")
     if len(kept) < rows_per_step:
         print(
@@ -80,5 +82,5 @@ async def rft(run: Run, engine: Any, state: TrainState) -> TrainState:
             file=sys.stderr,
             flush=True,
         )
-    run.checkpoint(tr.sft_steps + tr.rl_steps, state, "rl", tr.rl_steps, force=True)
+    run.checkpoint(tr.sft.steps + tr.rl.steps, state, "rl", tr.rl.steps, force=True)
     return state

@@ -279,13 +279,13 @@ def uses_critic(loss: LossConfig) -> bool:
 
 def build_policy(cfg: RunConfig, *, vocab_size: int, mesh=None) -> Transformer:
     """The policy of ``cfg`` (``build_model``), with its critic attached when the run has one.
-    Takes the whole config: it reads ``model``, ``loss``, ``seed`` and ``trainer.rl_seed``."""
+    Takes the whole config: it reads ``model``, ``loss``, ``seed`` and ``trainer.rl.seed``."""
     model = build_model(cfg.model, vocab_size=vocab_size, mesh=mesh, seed=cfg.seed)
     lora = cfg.model.lora.config()
     if lora is not None:  # adapters on the frozen base, drawn from the run's seed
         add_lora(model, lora, seed=cfg.seed, mesh=mesh)
     if uses_critic(cfg.loss):
-        rl_seed = cfg.trainer.rl_seed
+        rl_seed = cfg.trainer.rl.seed
         attach_critic(model, seed=cfg.seed if rl_seed is None else rl_seed)
     return model
 
@@ -310,17 +310,17 @@ def build_engine(model: Transformer, cfg: EngineConfig, *, mesh=None) -> Engine:
 def generation_defaults(rollout: RolloutConfig) -> dict[str, Any]:
     """The ``rollout`` group's sampling settings as Hugging Face ``generation_config`` entries, so
     an exported policy samples by default the way it was trained to."""
-    if rollout.temperature == 0:
+    if rollout.sampling.temperature == 0:
         return {"do_sample": False}
     # top_k always: transformers' default is 50, while 0 keeps every token, as in training.
     out = {
         "do_sample": True,
-        "temperature": rollout.temperature,
-        "top_p": rollout.top_p,
-        "top_k": rollout.top_k,
+        "temperature": rollout.sampling.temperature,
+        "top_p": rollout.sampling.top_p,
+        "top_k": rollout.sampling.top_k,
     }
-    if rollout.min_p > 0:
-        out["min_p"] = rollout.min_p
+    if rollout.sampling.min_p > 0:
+        out["min_p"] = rollout.sampling.min_p
     return out
 
 

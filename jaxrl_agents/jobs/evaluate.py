@@ -89,7 +89,7 @@ def _load_run(spec: PolicySpec, step: int | None = None):
     latest, best, sft = kept_steps(spec.path, ("latest", "best", "sft"))
     which, want = spec.which, step if step is not None else spec.step
     if spec.which == "sft":
-        want = load_run_config(spec.path).trainer.sft_steps
+        want = load_run_config(spec.path).trainer.sft.steps
         if want in sft:  # the trainer keeps the SFT result in sft/
             model, tokenizer, meta = load_policy(spec.path, which="sft", step=want)
             return model, tokenizer, meta, want
@@ -109,7 +109,7 @@ def _load_run(spec: PolicySpec, step: int | None = None):
 
 
 def _decoding(cfg: EvalConfig) -> str:
-    r = cfg.rollout
+    r = cfg.rollout.sampling
     return f"temperature {r.temperature}, top_p {r.top_p}, top_k {r.top_k}, min_p {r.min_p}"
 
 
@@ -175,7 +175,7 @@ def select_snapshot(
     steps = sorted(set(latest) | set(best))
     if not steps:
         raise ValueError(f"{run_dir}: no complete checkpoint under checkpoints/latest or best")
-    sft_step = load_run_config(run_dir).trainer.sft_steps
+    sft_step = load_run_config(run_dir).trainer.sft.steps
     spec = PolicySpec("run", str(run_dir), "step")
 
     chat = policy_chat(spec, cfg)

@@ -15,11 +15,15 @@ from typing import Any
 
 import jax
 
-from jaxrl_agents.jobs.config import ConfigError
+from jaxrl_agents.jobs.config import ConfigError, migrate, note_moved
 
-_RESUME_FREE = {"trainer.progress", "trainer.allow_config_change", "trainer.rl_start_min_success"}
+_RESUME_FREE = {
+    "trainer.log.progress",
+    "trainer.checkpoint.allow_config_change",
+    "trainer.rl.start_min_success",
+}
 """Keys that may change between a run and its resume without a word."""
-_RESUME_FREE_SECTIONS = ("trainer.wandb",)
+_RESUME_FREE_SECTIONS = ("trainer.log.wandb",)
 """Sections whose keys may all change on resume (where the logs go, not what the run does)."""
 
 
@@ -132,16 +136,21 @@ class RunRecord:
 
     def check_config(self, cfg: Any, *, has_checkpoints: bool) -> None:
         """Refuse (one line, before anything is written) to continue a run folder with another
-        config than the one it was made with, or with ``trainer.resume=false``."""
+        config than the one it was made with, or with ``trainer.checkpoint.resume=false``. A
+        folder made before keys were renamed (``jobs.config.RENAMED``) has its record read with
+        the new keys (one line names them)."""
         path = self.dir / "config.json"
         if not has_checkpoints or not path.exists():
             return
-        if not cfg.trainer.resume:
+        if not cfg.trainer.checkpoint.resume:
             raise ConfigError(
-                f"run_dir={str(self.dir)!r} already holds checkpoints and trainer.resume=false: "
-                "use a new run_dir (or delete the folder) to start over"
+                f"run_dir={str(self.dir)!r} already holds checkpoints and "
+                "trainer.checkpoint.resume=false: use a new run_dir (or delete the folder) to "
+                "start over"
             )
-        changed = _diff(json.loads(path.read_text()), _as_json(cfg))
+        stored, moved = migrate(type(cfg), json.loads(path.read_text()))
+        note_moved(type(cfg), moved, str(path))
+        changed = _diff(stored, _as_json(cfg))
         # A key the folder's config lacks was added by a newer version of the package; at its
         # default it keeps the run as it was made (new options default to the old behaviour),
         # so it does not stop a resume after an upgrade. Any other value is a change.
@@ -162,12 +171,12 @@ class RunRecord:
             for k, (a, b) in changed.items()
             if not _resume_free(k) and k not in added
         ]
-        if diffs and not cfg.trainer.allow_config_change:
+        if diffs and not cfg.trainer.checkpoint.allow_config_change:
             shown = "; ".join(diffs[:6]) + (f"; ... ({len(diffs)} keys)" if len(diffs) > 6 else "")
             raise ConfigError(
                 f"run_dir={str(self.dir)!r} was made with a different config ({shown}): rerun "
                 "with the same config to resume, use a new run_dir, or pass "
-                "trainer.allow_config_change=true to resume anyway"
+                "trainer.checkpoint.allow_config_change=true to resume anyway"
             )
 
     def note_environment(self, env: dict[str, Any]) -> None:

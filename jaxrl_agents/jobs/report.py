@@ -32,7 +32,7 @@ def best(run: Run) -> dict[str, Any] | None:
     step = run.ckpt.best.best_step()
     if step is None:
         return None
-    return {"step": int(step), "rl_step": int(step) - run.tr.sft_steps}
+    return {"step": int(step), "rl_step": int(step) - run.tr.sft.steps}
 
 
 def summary(run: Run, export_dir: Path | None, wall_s: float, state: TrainState) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def summary(run: Run, export_dir: Path | None, wall_s: float, state: TrainState)
         "sft": sft,
         "rl": rl,
         "skipped_updates": int(D.host_value(state.skipped)),
-        # stages whose share of env_error / reward_error episodes passed trainer.error_warn_frac
+        # stages whose share of env_error / reward_error episodes passed trainer.log.error_warn_frac
         "episode_errors": stages.get("episode_errors", []),
         "export_dir": str(export_dir) if export_dir else None,
         "wall_s": wall_s,

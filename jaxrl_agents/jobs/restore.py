@@ -16,7 +16,7 @@ from flax import nnx
 from flax.traverse_util import flatten_dict
 
 from jaxrl_agents.jobs.build import build_policy, build_tokenizer, split_params
-from jaxrl_agents.jobs.config import ConfigError, RunConfig, build
+from jaxrl_agents.jobs.config import ConfigError, RunConfig, from_record
 from jaxrl_agents.models import Transformer
 from jaxrl_agents.models.lora import base_fingerprint
 from jaxrl_agents.training.checkpoint import Checkpointer
@@ -27,7 +27,7 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     path = Path(run_dir) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {str(run_dir)!r} a jaxrl-train run folder?")
-    return build(RunConfig, json.loads(path.read_text()))
+    return from_record(RunConfig, json.loads(path.read_text()), str(path))
 
 
 def checkpointer(run_dir: str | Path) -> Checkpointer:
@@ -78,15 +78,12 @@ def load_policy(
 
 def sft_source_differences(cfg: RunConfig, src: RunConfig) -> list[str]:
     """The settings that shape an SFT result (``model``, ``chat``, ``env``, ``seed``, the
-    ``trainer.sft_*`` fields) where ``cfg`` and ``src`` differ, one ``key: here vs there`` each.
-    Compares several groups, so it takes the whole configs."""
+    ``trainer.sft`` fields but ``init_from``) where ``cfg`` and ``src`` differ, one ``key: here vs
+    there`` each. Compares several groups, so it takes the whole configs."""
 
     def shaping(c: RunConfig) -> dict[str, Any]:
-        tr = {
-            f"trainer.{k}": v
-            for k, v in dataclasses.asdict(c.trainer).items()
-            if k.startswith("sft_") and k != "sft_from"
-        }
+        sft = dataclasses.asdict(c.trainer.sft)
+        tr = {f"trainer.sft.{k}": v for k, v in sft.items() if k != "init_from"}
         groups = {g: dataclasses.asdict(getattr(c, g)) for g in ("model", "chat", "env")}
         return {**flatten_dict(groups, sep="."), "seed": c.seed, **tr}
 
@@ -99,13 +96,13 @@ def sft_source_differences(cfg: RunConfig, src: RunConfig) -> list[str]:
 
 
 def check_sft_source(cfg: RunConfig) -> int:
-    """``trainer.sft_from``: the run folder's newest SFT snapshot step, after checking that the
+    """``trainer.sft.init_from``: the run folder's newest SFT snapshot step, after checking that the
     folder is a run with one and that its SFT was made with this run's SFT settings; raises
     ``ConfigError`` naming what is wrong. Takes the whole config: it compares the SFT-shaping
     groups with the source run's (:func:`sft_source_differences`)."""
-    where = f"trainer.sft_from={cfg.trainer.sft_from!r}"
+    where = f"trainer.sft.init_from={cfg.trainer.sft.init_from!r}"
     try:
-        src = load_run_config(cfg.trainer.sft_from)
+        src = load_run_config(cfg.trainer.sft.init_from)
     except FileNotFoundError as e:
         raise ConfigError(f"{where}: {e}") from None
     diffs = sft_source_differences(cfg, src)
@@ -115,7 +112,7 @@ def check_sft_source(cfg: RunConfig) -> int:
             + "; ".join(diffs[:6])
             + (" ..." if len(diffs) > 6 else "")
         )
-    (steps,) = kept_steps(cfg.trainer.sft_from, ("sft",))
+    (steps,) = kept_steps(cfg.trainer.sft.init_from, ("sft",))
     if not steps:
         raise ConfigError(
             f"{where}: that run has no SFT snapshot yet (checkpoints/sft is empty): "

@@ -66,7 +66,7 @@ class Run:
     def __init__(self, cfg: RunConfig, system: TrainSystem):
         self.cfg, self.tr = cfg, cfg.trainer
         self.sys = system
-        self.keys = Keys(cfg.seed, rl_seed=cfg.trainer.rl_seed)
+        self.keys = Keys(cfg.seed, rl_seed=cfg.trainer.rl.seed)
         self.record = RunRecord(cfg.run_dir)
         ckpt_dir = self.record.dir / "checkpoints"
         # before anything is written:
@@ -75,24 +75,26 @@ class Run:
         self.base = lora_base(cfg.model, cfg.seed, system.model, self.record, has_checkpoints)
         self.record.write_config(cfg)
         self.record.note_environment(environment())
-        self.logger = RunLogger(cfg.run_dir, wandb=self.tr.wandb, config=dataclasses.asdict(cfg))
+        self.logger = RunLogger(
+            cfg.run_dir, wandb=self.tr.log.wandb, config=dataclasses.asdict(cfg)
+        )
         self.ckpt = Checkpointer(
             ckpt_dir,
-            keep=self.tr.keep_checkpoints,
-            async_save=self.tr.async_checkpoints,
+            keep=self.tr.checkpoint.keep,
+            async_save=self.tr.checkpoint.async_save,
             best_metric="validation_success",
         )
         env = self.sys.env
-        self.heldout = env.tasks("heldout", self.tr.heldout_tasks, seed=cfg.seed)
-        n_val = self.tr.validation_tasks or self.tr.heldout_tasks
+        self.heldout = env.tasks("heldout", self.tr.eval.heldout_tasks, seed=cfg.seed)
+        n_val = self.tr.eval.validation_tasks or self.tr.eval.heldout_tasks
         self.validation = env.tasks("validation", n_val, seed=cfg.seed)
-        n_train = max(self.tr.rl_steps * self.tr.tasks_per_step, 1)
+        n_train = max(self.tr.rl.steps * self.tr.rl.tasks_per_step, 1)
         self.train_tasks = env.tasks("train", n_train, seed=self.keys.seed("rl_tasks"))
         opt = cfg.optimizer
-        # SFT's copy steps (trainer.sft_copy_steps) hold the peak lr; the golden steps decay.
-        copies = self.tr.sft_copy_steps
+        # SFT's copy steps (trainer.sft.copy_steps) hold the peak lr; the golden steps decay.
+        copies = self.tr.sft.copy_steps
         sft_opt = dataclasses.replace(
-            opt, lr=self.tr.sft_lr, hold_steps=copies, decay_steps=self.tr.sft_steps - copies
+            opt, lr=self.tr.sft.lr, hold_steps=copies, decay_steps=self.tr.sft.steps - copies
         )
         self.sft_tx, self.rl_tx = sft_opt.build(), opt.build()
 
@@ -105,11 +107,11 @@ class Run:
             partial(self.sys.env.tasks, "train"),
             self.keys,
             self.train_tasks,
-            tr.tasks_per_step,
+            tr.rl.tasks_per_step,
             self.cfg.rollout.group_size,
             dynamic=dynamic,
-            max_rounds=tr.dynamic_max_rounds,
-            dynamic_on=tr.dynamic_sampling_on,
+            max_rounds=tr.rl.dynamic_max_rounds,
+            dynamic_on=tr.rl.dynamic_sampling_on,
         )
 
     def fresh_state(self, params: nnx.State, tx: optax.GradientTransformation) -> TrainState:
@@ -117,7 +119,7 @@ class Run:
 
     def bar(self, start: int, total: int, desc: str) -> Iterable[int]:
         it = range(start, total)
-        if not self.tr.progress or jax.process_index() != 0:
+        if not self.tr.log.progress or jax.process_index() != 0:
             return it
         return tqdm(it, desc=desc, dynamic_ncols=True, initial=start, total=total)
 
@@ -133,10 +135,11 @@ class Run:
         return summarize(trajs), trajs
 
     def check_errors(self, trajs: list[Trajectory], where: str) -> None:
-        """Loud on the console past ``trainer.error_warn_frac``, abort past ``error_abort_frac``."""
+        """Loud on the console past ``trainer.log.error_warn_frac``, abort past
+        ``error_abort_frac``."""
         bad = [t for t in trajs if t.end_reason in _ERRORS]
         frac = len(bad) / max(len(trajs), 1)
-        if not bad or frac <= self.tr.error_warn_frac:
+        if not bad or frac <= self.tr.log.error_warn_frac:
             return
         kinds = {e.value: sum(t.end_reason == e for t in bad) for e in _ERRORS}
         lines = (bad[0].error or "").strip().splitlines()
@@ -145,9 +148,9 @@ class Run:
         # the summary lists every such step, not only the console (see report.summary)
         entry = {"where": where, "episodes": len(trajs), **kinds, "first": first}
         self.record.set("episode_errors", [*self.record.stages.get("episode_errors", []), entry])
-        if frac > self.tr.error_abort_frac:
+        if frac > self.tr.log.error_abort_frac:
             raise JobAborted(
-                f"{line} (more than trainer.error_abort_frac={self.tr.error_abort_frac})"
+                f"{line} (more than trainer.log.error_abort_frac={self.tr.log.error_abort_frac})"
             )
         print(f"WARNING: {line}", file=sys.stderr, flush=True)
 
@@ -164,4 +167,4 @@ class Run:
         test split's numbers stay unbiased by the selection)."""
         meta = self.meta("rl", rl_step)
         metrics = {"validation_success": val_success}
-        self.ckpt.save_best(self.tr.sft_steps + rl_step, state, meta, metrics)
+        self.ckpt.save_best(self.tr.sft.steps + rl_step, state, meta, metrics)

@@ -93,10 +93,10 @@ class TrainSystem:
 
 
 def seq_buckets(trainer: TrainerSpec, rollout: RolloutConfig) -> list[int]:
-    """``trainer.seq_buckets``, or the ladder 128, 192, 256, 384, 512, 768, ... up to the first
-    length that holds ``rollout.max_total_tokens``."""
-    if trainer.seq_buckets is not None:
-        return sorted(trainer.seq_buckets)
+    """``trainer.batching.seq_buckets``, or the ladder 128, 192, 256, 384, 512, 768, ... up to the
+    first length that holds ``rollout.max_total_tokens``."""
+    if trainer.batching.seq_buckets is not None:
+        return sorted(trainer.batching.seq_buckets)
     out, n = [128], 128
     while out[-1] < rollout.max_total_tokens:
         n = n * 3 // 2 if n & (n - 1) == 0 else n * 4 // 3
@@ -124,43 +124,44 @@ def check_run(cfg: RunConfig, env: EnvBinding) -> None:
             resolve_gguf(cfg.model.path)
         except GGUFError as e:
             raise ConfigError(f"model.path={cfg.model.path}: {e}") from e
-    if tr.sft_from is not None:  # RL from another run's SFT result: made the same way
+    if tr.sft.init_from is not None:  # RL from another run's SFT result: made the same way
         check_sft_source(cfg)
-    elif tr.sft_steps > 0 and tr.sft_oracle:  # SFT on the oracle's golden data needs one
+    elif tr.sft.steps > 0 and tr.sft.oracle:  # SFT on the oracle's golden data needs one
         env.oracle(cfg.env.oracle)
     nproc = jax.process_count()
-    if tr.tasks_per_step % nproc:
+    if tr.rl.tasks_per_step % nproc:
         raise ConfigError(
-            f"trainer.tasks_per_step={tr.tasks_per_step} is not divisible by the number of "
+            f"trainer.rl.tasks_per_step={tr.rl.tasks_per_step} is not divisible by the number of "
             f"processes ({nproc})"
         )
-    if tr.sft_steps > 0 and tr.sft_batch_size % nproc:
+    if tr.sft.steps > 0 and tr.sft.batch_size % nproc:
         raise ConfigError(
-            f"trainer.sft_batch_size={tr.sft_batch_size} is not divisible by the number of "
+            f"trainer.sft.batch_size={tr.sft.batch_size} is not divisible by the number of "
             f"processes ({nproc})"
         )
-    rows = tr.tasks_per_step // nproc * r.group_size
-    if rows % tr.minibatches:
+    rows = tr.rl.tasks_per_step // nproc * r.group_size
+    if rows % tr.rl.minibatches:
         raise ConfigError(
-            f"trainer.minibatches={tr.minibatches} does not divide the {rows} rows of a step "
-            f"(trainer.tasks_per_step x rollout.group_size per process); use a divisor of {rows}"
+            f"trainer.rl.minibatches={tr.rl.minibatches} does not divide the {rows} rows of a step "
+            f"(trainer.rl.tasks_per_step x rollout.group_size per process); use a divisor of {rows}"
         )
-    if (rows // tr.minibatches) % tr.microbatches:
+    if (rows // tr.rl.minibatches) % tr.batching.microbatches:
         raise ConfigError(
-            f"trainer.microbatches={tr.microbatches} does not divide a minibatch's "
-            f"{rows // tr.minibatches} rows"
+            f"trainer.batching.microbatches={tr.batching.microbatches} does not divide a "
+            f"minibatch's {rows // tr.rl.minibatches} rows"
         )
-    if tr.sft_steps > 0 and (tr.sft_batch_size // nproc) % tr.microbatches:
+    if tr.sft.steps > 0 and (tr.sft.batch_size // nproc) % tr.batching.microbatches:
         raise ConfigError(
-            f"trainer.microbatches={tr.microbatches} does not divide the "
-            f"{tr.sft_batch_size // nproc} SFT rows per process (trainer.sft_batch_size)"
+            f"trainer.batching.microbatches={tr.batching.microbatches} does not divide the "
+            f"{tr.sft.batch_size // nproc} SFT rows per process (trainer.sft.batch_size)"
         )
     buckets = seq_buckets(cfg.trainer, cfg.rollout)
-    bad = [b for b in buckets if b % min(tr.logprob_chunk, b)]
+    bad = [b for b in buckets if b % min(tr.batching.logprob_chunk, b)]
     if bad:
         raise ConfigError(
-            f"trainer.seq_buckets={list(buckets)}: {bad} not a multiple of "
-            f"trainer.logprob_chunk={tr.logprob_chunk} (the log-prob computation's chunk)"
+            f"trainer.batching.seq_buckets={list(buckets)}: {bad} not a multiple of "
+            f"trainer.batching.logprob_chunk={tr.batching.logprob_chunk} (the log-prob "
+            "computation's chunk)"
         )
     if r.max_total_tokens > cfg.sampler.max_seq_len:
         raise ConfigError(
@@ -178,12 +179,12 @@ def pretrained_warning(cfg: RunConfig) -> str | None:
     if cfg.model.path is None:
         return None
     tr, bad = cfg.trainer, []
-    if tr.sft_steps > 0 and tr.sft_copy_steps > 0:
-        bad.append(f"trainer.sft_copy_steps={tr.sft_copy_steps} (synthetic copy rows)")
+    if tr.sft.steps > 0 and tr.sft.copy_steps > 0:
+        bad.append(f"trainer.sft.copy_steps={tr.sft.copy_steps} (synthetic copy rows)")
     if cfg.model.lora.rank is None:
-        if tr.sft_steps > 0 and tr.sft_lr >= 1e-3:
-            bad.append(f"trainer.sft_lr={tr.sft_lr:g} with full fine-tuning")
-        if tr.rl_steps > 0 and cfg.optimizer.lr >= 1e-3:
+        if tr.sft.steps > 0 and tr.sft.lr >= 1e-3:
+            bad.append(f"trainer.sft.lr={tr.sft.lr:g} with full fine-tuning")
+        if tr.rl.steps > 0 and cfg.optimizer.lr >= 1e-3:
             bad.append(f"optimizer.lr={cfg.optimizer.lr:g} with full fine-tuning")
     if not bad:
         return None
@@ -213,13 +214,13 @@ def _mesh(cfg: RunConfig) -> Mesh:
     shards = 1
     for axis in D.batch_axes():
         shards *= mesh.shape[axis]
-    rows = tr.tasks_per_step * cfg.rollout.group_size
+    rows = tr.rl.tasks_per_step * cfg.rollout.group_size
     sizes = {
-        "a step's rows (trainer.tasks_per_step x rollout.group_size)": rows,
-        "a minibatch's rows (/ trainer.minibatches)": rows // tr.minibatches,
+        "a step's rows (trainer.rl.tasks_per_step x rollout.group_size)": rows,
+        "a minibatch's rows (/ trainer.rl.minibatches)": rows // tr.rl.minibatches,
     }
-    if tr.sft_steps > 0:
-        sizes["trainer.sft_batch_size"] = tr.sft_batch_size
+    if tr.sft.steps > 0:
+        sizes["trainer.sft.batch_size"] = tr.sft.batch_size
     for what, n in sizes.items():
         if n % shards:
             raise ConfigError(
@@ -247,7 +248,7 @@ async def check_oracle_fits(system: TrainSystem, *, n: int = 16) -> dict[str, in
     (otherwise SFT would learn cut-off trajectories and RL could never finish one). Returns what
     the episodes need."""
     cfg, env = system.cfg, system.env
-    if cfg.trainer.sft_steps == 0 or not cfg.trainer.sft_oracle:
+    if cfg.trainer.sft.steps == 0 or not cfg.trainer.sft.oracle:
         try:
             env.oracle(cfg.env.oracle)
         except ConfigError:
@@ -255,7 +256,7 @@ async def check_oracle_fits(system: TrainSystem, *, n: int = 16) -> dict[str, in
     limits = [
         ("sampler.max_seq_len", cfg.sampler.max_seq_len, "total_tokens", "tokens in all"),
         (
-            "trainer.seq_buckets (largest)",
+            "trainer.batching.seq_buckets (largest)",
             max(seq_buckets(cfg.trainer, cfg.rollout)) + 1,
             "total_tokens",
             "training positions",

@@ -60,7 +60,9 @@ def train(cfg: RunConfig, system: TrainSystem | None = None) -> dict[str, Any]:
 
     ``system``: the components to run with (default ``build_train(cfg)``): tests and tools pass
     one whose collector or sampler view they instrument."""
-    require_wandb(cfg.trainer.wandb)  # trainer.wandb.project set without the package: stop now
+    require_wandb(
+        cfg.trainer.log.wandb
+    )  # trainer.log.wandb.project set without the package: stop now
     D.maybe_initialize(cfg.mesh)
     return asyncio.run(_train(cfg, system))
 
@@ -71,32 +73,35 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
     needs = await check_oracle_fits(system)  # before anything is written or compiled
     sft_file = load_for_run(
         cfg.trainer, cfg.rollout, system.chat
-    )  # trainer.sft_data: every line checked, encoded
+    )  # trainer.sft.data: every line checked, encoded
     run = Run(cfg, system)
     tr = run.tr
     run.record.set("oracle_needs", needs)
     state = run.fresh_state(system.initial_params, run.sft_tx)
     stage, step = "sft", 0
-    if tr.resume and run.ckpt.latest_step() is not None:
+    if tr.checkpoint.resume and run.ckpt.latest_step() is not None:
         state, meta = run.ckpt.restore(report.abstract(state))
         stage, step = meta["stage"], int(meta["stage_step"])
         run.logger.truncate_after(stage, step)  # rows logged after that checkpoint come again
         print(f"resuming from checkpoint: stage={stage} step={step}", flush=True)
-    if stage == "sft" and step == 0 and tr.sft_from is not None:
+    if stage == "sft" and step == 0 and tr.sft.init_from is not None:
         src_step = check_sft_source(cfg)
-        params = sft_params_from(tr.sft_from, state.params, mesh=system.mesh)
+        params = sft_params_from(tr.sft.init_from, state.params, mesh=system.mesh)
         state = run.fresh_state(params, run.sft_tx)
-        run.record.set("sft_from", {"run": str(Path(tr.sft_from).resolve()), "sft_step": src_step})
+        run.record.set(
+            "sft_from", {"run": str(Path(tr.sft.init_from).resolve()), "sft_step": src_step}
+        )
         print(
-            f"SFT: not trained here; the policy of {tr.sft_from}@sft (step {src_step})", flush=True
+            f"SFT: not trained here; the policy of {tr.sft.init_from}@sft (step {src_step})",
+            flush=True,
         )
 
     async with system.engine(state.params) as engine:
         if stage == "sft":
             state = await sft_stage(run, state, step, sft_file)
             engine.update_weights(system.sampler_view(state.params))
-            summary, trajs = await run.evaluate(engine, version=tr.sft_steps)
-            val, _ = await run.evaluate(engine, version=tr.sft_steps, split="validation")
+            summary, trajs = await run.evaluate(engine, version=tr.sft.steps)
+            val, _ = await run.evaluate(engine, version=tr.sft.steps, split="validation")
             run.record.set("sft_eval", summary)
             run.record.set("sft_validation", val)
             run.record.save()
@@ -107,27 +112,29 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
             print(f"SFT held-out success: {summary['success']:.3f} (95% CI {lo:.3f}-{hi:.3f})")
             # RL starts from the SFT weights with a fresh optimizer.
             state, stage, step = run.fresh_state(state.params, run.rl_tx), "rl", 0
-            run.checkpoint(tr.sft_steps, state, "rl", 0, force=True)
-            run.ckpt.save_sft(tr.sft_steps, state, run.meta("rl", 0))
+            run.checkpoint(tr.sft.steps, state, "rl", 0, force=True)
+            run.ckpt.save_sft(tr.sft.steps, state, run.meta("rl", 0))
             run.offer_best(0, state, val["success"])
         if step == 0:  # RL starts here (after SFT, or resumed where it would): the gate
             _gate_rl(run, run.record.stages.get("sft_validation"))
         engine.update_weights(system.sampler_view(state.params))
-        if tr.rl_stage == "rft":  # the non-RL baseline (jobs.baselines)
-            state = await rft(run, engine, state) if step < tr.rl_steps else state
+        if tr.rl.stage == "rft":  # the non-RL baseline (jobs.baselines)
+            state = await rft(run, engine, state) if step < tr.rl.steps else state
         else:
             state = await _rl(run, engine, state, step)
         run.ckpt.wait()
         final_model = system.sampler_view(state.params)  # also what process 0 exports
         engine.update_weights(final_model)
-        final, trajs = await run.evaluate(engine, version=tr.sft_steps + tr.rl_steps)
-        val, _ = await run.evaluate(engine, version=tr.sft_steps + tr.rl_steps, split="validation")
-    run.offer_best(tr.rl_steps, state, val["success"])  # the last step competes too
+        final, trajs = await run.evaluate(engine, version=tr.sft.steps + tr.rl.steps)
+        val, _ = await run.evaluate(engine, version=tr.sft.steps + tr.rl.steps, split="validation")
+    run.offer_best(tr.rl.steps, state, val["success"])  # the last step competes too
     run.record.set("rl_validation", val)
     run.ckpt.wait()
-    run.logger.trajectories(tr.rl_steps, trajs, name="heldout_rl_final")
+    run.logger.trajectories(tr.rl.steps, trajs, name="heldout_rl_final")
     export_dir = None
-    if tr.export and jax.process_index() == 0:  # the same faithful export as jaxrl-export's
+    if (
+        tr.checkpoint.export and jax.process_index() == 0
+    ):  # the same faithful export as jaxrl-export's
         export_dir = export_policy(final_model, system.tokenizer, cfg, run.record.dir / "hf_export")
     run.record.set("rl_eval", final)
     run.record.save()
@@ -138,16 +145,16 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
 
 
 def _gate_rl(run: Run, val: dict[str, Any] | None) -> None:
-    """``trainer.rl_start_min_success``: stop before RL (the SFT snapshot is saved) when the
+    """``trainer.rl.start_min_success``: stop before RL (the SFT snapshot is saved) when the
     starting policy's validation success is below it; warn when it is 0 and the gate is off."""
     tr = run.tr
-    if val is None or tr.rl_steps == 0:  # no recorded numbers (an older folder), or no RL
+    if val is None or tr.rl.steps == 0:  # no recorded numbers (an older folder), or no RL
         return
     success, n = float(val["success"]), int(val.get("n", 0))
-    passed = success >= tr.rl_start_min_success
+    passed = success >= tr.rl.start_min_success
     run.record.set(
         "rl_gate",
-        {"min_success": tr.rl_start_min_success, "validation_success": success, "passed": passed},
+        {"min_success": tr.rl.start_min_success, "validation_success": success, "passed": passed},
     )
     run.record.save()
     where = (
@@ -157,14 +164,14 @@ def _gate_rl(run: Run, val: dict[str, Any] | None) -> None:
     if not passed:
         run.ckpt.wait()
         raise JobAborted(
-            f"{where}, below trainer.rl_start_min_success={tr.rl_start_min_success}: RL not run. "
+            f"{where}, below trainer.rl.start_min_success={tr.rl.start_min_success}: RL not run. "
             f"The SFT snapshot is saved in {run.record.dir}; rerun with a lower "
-            "trainer.rl_start_min_success to start RL from it anyway"
+            "trainer.rl.start_min_success to start RL from it anyway"
         )
     if success == 0.0:
         print(
             f"WARNING: {where}: an outcome reward has little for RL to reinforce (set "
-            "trainer.rl_start_min_success to stop here instead)",
+            "trainer.rl.start_min_success to stop here instead)",
             file=sys.stderr,
             flush=True,
         )
@@ -189,10 +196,10 @@ def _rl_update(run: Run) -> Callable[..., tuple[TrainState, Any]]:
         run.rl_tx,
         loss_cfg=system.loss,
         adv_cfg=cfg.advantage,
-        epochs=tr.ppo_epochs,
-        minibatches=tr.minibatches,
-        microbatches=tr.microbatches,
-        logprob_chunk=tr.logprob_chunk,
+        epochs=tr.rl.ppo_epochs,
+        minibatches=tr.rl.minibatches,
+        microbatches=tr.batching.microbatches,
+        logprob_chunk=tr.batching.logprob_chunk,
         batch_sharding=system.collector.sharding,
         sampling=SamplingTransform.from_rollout(cfg.rollout),
     )
@@ -219,7 +226,7 @@ async def _update(
 async def _rl(run: Run, engine: Any, state: TrainState, start: int) -> TrainState:
     cfg, tr, system = run.cfg, run.tr, run.sys
     group, collector = cfg.rollout.group_size, system.collector
-    rows = tr.tasks_per_step // jax.process_count() * group  # this process's rows of each step
+    rows = tr.rl.tasks_per_step // jax.process_count() * group  # this process's rows of each step
     update = _rl_update(run)
     ref = _reference(run, state, start)
     if ref is not None:
@@ -227,7 +234,7 @@ async def _rl(run: Run, engine: Any, state: TrainState, start: int) -> TrainStat
             "kl_reference",
             {"from": "sft" if start else "rl_start", "checksum": report.checksum(ref)},
         )
-    source = run.step_source(dynamic=tr.dynamic_sampling)
+    source = run.step_source(dynamic=tr.rl.dynamic_sampling)
     pushed = {"updates": start}  # RL updates reflected in the sampler's weights
 
     def push(state: TrainState, updates: int) -> None:
@@ -238,16 +245,16 @@ async def _rl(run: Run, engine: Any, state: TrainState, start: int) -> TrainStat
             pushed["updates"] = updates
 
     def launch(s: int):
-        version = tr.sft_steps + pushed["updates"]
+        version = tr.sft.steps + pushed["updates"]
         return asyncio.ensure_future(source.step(engine, s, version=version))
 
-    pending = launch(start) if start < tr.rl_steps else None
-    bar = run.bar(start, tr.rl_steps, "RL")
+    pending = launch(start) if start < tr.rl.steps else None
+    bar = run.bar(start, tr.rl.steps, "RL")
     for s in bar:
         roll, shaping = await pending  # COLLECT + REWARD (+ refills of zero-variance groups)
         pending = None
         push(state, s)  # no collection runs now: the engine catches up (overlap mode)
-        if tr.off_policy_overlap and s + 1 < tr.rl_steps:
+        if tr.rl.off_policy_overlap and s + 1 < tr.rl.steps:
             # Samples step s+1 while this step trains, with the weights before this update
             # (staleness 1; the importance ratio uses the rollout logprobs).
             pending = launch(s + 1)
@@ -258,25 +265,25 @@ async def _rl(run: Run, engine: Any, state: TrainState, start: int) -> TrainStat
             roll,
             rows=rows,
             max_turns=cfg.rollout.max_turns,
-            mask_overlong=tr.mask_overlong,
-            pack=tr.pack_rows,
-            row_multiple=tr.minibatches * tr.microbatches,
+            mask_overlong=tr.rl.mask_overlong,
+            pack=tr.batching.pack_rows,
+            row_multiple=tr.rl.minibatches * tr.batching.microbatches,
             no_loss=source.no_loss(shaping.get("dynamic/fallback", 0)),
         )
         state, metrics = await _update(run, update, state, db, s, ref)
         metrics = {**metrics, **shaping, "real_frac": db.real_frac}
         if pending is None:
             push(state, s + 1)
-            if s + 1 < tr.rl_steps:
+            if s + 1 < tr.rl.steps:
                 pending = launch(s + 1)
         train_s = time.perf_counter() - t_train
         compiles = getattr(engine, "compile_count", 0)
         row = step_row(
             StepRecord(
-                everyone, roll.seconds, db, metrics, train_s, compiles, version=tr.sft_steps + s
+                everyone, roll.seconds, db, metrics, train_s, compiles, version=tr.sft.steps + s
             )
         )
-        if every(tr.eval_every, s + 1) and s + 1 < tr.rl_steps and pending is not None:
+        if every(tr.eval.every, s + 1) and s + 1 < tr.rl.steps and pending is not None:
             done = await pending  # evaluate the newest weights: wait for the running collection
             pending = asyncio.ensure_future(_ready(done))
             push(state, s + 1)
@@ -302,15 +309,15 @@ async def _after_step(
     run.logger.log(step, row, stage="rl")
     if hasattr(bar, "set_postfix"):
         bar.set_postfix(reward=f"{row['reward']:.2f}", success=f"{row['success']:.2f}")
-    if every(tr.log_trajectories_every, step):
+    if every(tr.log.trajectories_every, step):
         run.logger.trajectories(step, trajs[: min(8, len(trajs))])  # the first rows
     point = {"step": step, "reward": row["reward"], "train_success": row["success"]}
-    if every(tr.eval_every, step) and step < tr.rl_steps:
-        summary, _ = await run.evaluate(engine, version=tr.sft_steps + step, split="validation")
+    if every(tr.eval.every, step) and step < tr.rl.steps:
+        summary, _ = await run.evaluate(engine, version=tr.sft.steps + step, split="validation")
         point["validation_success"] = summary["success"]
         run.logger.log(step, {"validation_success": summary["success"]}, stage="eval")
         run.offer_best(step, state, summary["success"])
     run.record.curve.append(point)
-    if every(tr.checkpoint_every, step) or step == tr.rl_steps:
-        run.checkpoint(tr.sft_steps + step, state, "rl", step)
+    if every(tr.checkpoint.every, step) or step == tr.rl.steps:
+        run.checkpoint(tr.sft.steps + step, state, "rl", step)
         run.record.save()

@@ -92,19 +92,14 @@ class Collector:
     # -- episodes -------------------------------------------------------------------------------
     def sampling(self, *, greedy: bool) -> Callable[[int, int], Any]:
         """``(max_new_tokens, seed) -> SamplingParams``: the rollout group's settings, or greedy."""
-        from jaxrl_agents.generation import SamplingParams
+        from jaxrl_agents.generation import Sampling, SamplingParams
 
-        r, stop = self.rollout, tuple(self.chat.stop_token_ids)
+        stop = tuple(self.chat.stop_token_ids)
+        dist = dataclasses.asdict(Sampling(temperature=0.0) if greedy else self.rollout.sampling)
 
         def make(max_new_tokens: int, seed: int) -> SamplingParams:
             return SamplingParams(
-                temperature=0.0 if greedy else r.temperature,
-                top_p=1.0 if greedy else r.top_p,
-                top_k=0 if greedy else r.top_k,
-                min_p=0.0 if greedy else r.min_p,
-                max_new_tokens=max_new_tokens,
-                stop_token_ids=stop,
-                seed=seed,
+                **dist, max_new_tokens=max_new_tokens, stop_token_ids=stop, seed=seed
             )
 
         return make

@@ -2,13 +2,13 @@
 
 :class:`StepSource` turns step ``s`` into this process's scored episodes: the step's tasks (a
 fixed slice of the run's task stream) x ``rollout.group_size`` samples, REWARD applied. With
-``trainer.dynamic_sampling`` groups whose rewards are all equal (zero advantage for every group
+``trainer.rl.dynamic_sampling`` groups whose rewards are all equal (zero advantage for every group
 estimator) are dropped and fresh groups are sampled from a separate task stream until the step has
-``tasks_per_step`` informative groups or ``trainer.dynamic_max_rounds`` rounds have run (DAPO's
+``tasks_per_step`` informative groups or ``trainer.rl.dynamic_max_rounds`` rounds have run (DAPO's
 resample loop, ``algos.batch_shaping.DynamicSampler``); a step that still falls short trains on
 the groups it has, the rest of its rows masked, and says so in its counts. A step with no
 informative group at all keeps its last round as sampled (``dynamic/fallback`` = 1, and a warning
-line): a week-long run does not stop for one unlucky step. ``trainer.dynamic_sampling_on``
+line): a week-long run does not stop for one unlucky step. ``trainer.rl.dynamic_sampling_on``
 chooses what must vary: the total reward, or the outcome (DAPO's accuracy criterion). Keyed on the
 reward, the fallback's groups have zero advantage; keyed on the outcome they would train the
 shaping terms alone, so their loss is masked (``no_loss``) and, when no process has a loss token
@@ -45,7 +45,7 @@ class StepSource:
     group_size: int
     dynamic: bool = False
     max_rounds: int = 4
-    dynamic_on: str = "reward"  # trainer.dynamic_sampling_on
+    dynamic_on: str = "reward"  # trainer.rl.dynamic_sampling_on
 
     def no_loss(self, fallback: float) -> bool:
         """Whether a step's episodes must contribute no loss: an outcome-keyed fallback, whose
@@ -72,7 +72,7 @@ class StepSource:
         )
         if not self.dynamic:
             return roll, {}
-        share = D.even_share(self.tasks_per_step, "trainer.tasks_per_step")
+        share = D.even_share(self.tasks_per_step, "trainer.rl.tasks_per_step")
         target = share.stop - share.start
         sampler = DynamicSampler(
             target_groups=target, max_rounds=self.max_rounds, by=self.dynamic_on
@@ -90,8 +90,8 @@ class StepSource:
         trajs, stats = sampler.take()
         if stats.fallback:
             log.warning(
-                "RL step %d: no group with a varying %s in trainer.dynamic_max_rounds=%d rounds; "
-                "%s",
+                "RL step %d: no group with a varying %s in trainer.rl.dynamic_max_rounds=%d "
+                "rounds; %s",
                 s + 1,
                 self.dynamic_on,
                 self.max_rounds,

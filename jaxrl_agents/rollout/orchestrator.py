@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from jaxrl_agents.generation.config import Sampling
 from jaxrl_agents.types import (
     Ann,
     EndReason,
@@ -53,15 +54,10 @@ class RolloutConfig:
     """Wall-clock deadline per episode (generation + tools); past it: ``episode_timeout``."""
     concurrency: int = 64
     """Episodes in flight at once (the engine's slots bound this further)."""
-    temperature: float = 1.0
-    """Sampling temperature of training rollouts (and of ``jaxrl-eval`` with ``samples > 1``);
-    held-out evaluation with one sample per task is greedy."""
-    top_p: float = 1.0
-    """Nucleus filter (1 keeps all)."""
-    top_k: int = 0
-    """Keep the k most likely tokens (0 keeps all)."""
-    min_p: float = 0.0
-    """Drop tokens below min_p x the most likely token's probability (0 keeps all)."""
+    sampling: Sampling = dataclasses.field(default_factory=Sampling)
+    """Temperature and filters of training rollouts (and of ``jaxrl-eval`` with ``samples > 1``,
+    e.g. ``rollout.sampling.temperature=0.7``); held-out evaluation with one sample per task is
+    greedy."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -75,9 +71,6 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.episode_timeout_s <= 0:
             raise ValueError(f"rollout.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
-        from jaxrl_agents.generation.config import check_sampling
-
-        check_sampling(self, prefix="rollout.")
 
 
 class _Session(Protocol):

@@ -1,5 +1,5 @@
 """Synthetic copy rows for the first SFT steps of a freshly initialised model
-(``trainer.sft_copy_steps``).
+(``trainer.sft.copy_steps``).
 
 A model trained from random weights has none of the in-context copying (induction heads) that any
 pretrained checkpoint has, and tool use is mostly copying: an entity from the question into a

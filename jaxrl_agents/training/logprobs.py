@@ -64,17 +64,18 @@ class SamplingTransform:
 
     @classmethod
     def from_rollout(cls, rollout: Any) -> SamplingTransform | None:
-        """The transform of training rollouts sampled with ``rollout`` (a ``RolloutConfig`` or
-        anything with ``temperature, top_k, top_p, min_p``). None when it is the identity or
-        greedy (temperature 0: the stored logprobs are then the temperature-1 policy's)."""
-        t = float(rollout.temperature)
+        """The transform of training rollouts sampled with ``rollout`` (a ``RolloutConfig``, or
+        anything whose ``sampling`` has ``temperature, top_k, top_p, min_p``). None when it is the
+        identity or greedy (temperature 0: the stored logprobs are then the temperature-1
+        policy's)."""
+        t = float(rollout.sampling.temperature)
         if t <= 0.0:
             return None
         out = cls(
             temperature=t,
-            top_k=int(rollout.top_k),
-            top_p=float(rollout.top_p),
-            min_p=float(rollout.min_p),
+            top_k=int(rollout.sampling.top_k),
+            top_p=float(rollout.sampling.top_p),
+            min_p=float(rollout.sampling.min_p),
         )
         return None if out.identity else out
 

@@ -1,5 +1,5 @@
 """Run logging: metrics to JSONL and TensorBoard (and Weights & Biases when
-``trainer.wandb.project`` is set: ``training.wandb_sink``), sample trajectories, compile counts.
+``trainer.log.wandb.project`` is set: ``training.wandb_sink``), sample trajectories, compile counts.
 
 Only process 0 writes (multi-host runs call these on every process; the others are no-ops).
 """

@@ -1,5 +1,5 @@
 """SFT data from the user: a JSONL file of OpenAI-style tool-calling conversations
-(``trainer.sft_data``).
+(``trainer.sft.data``).
 
 One conversation per line::
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from jaxrl_agents.chat import ChatFormat
 
 ROLES = ("system", "user", "assistant", "tool")
-_KEY = "trainer.sft_data"
+_KEY = "trainer.sft.data"
 
 
 class SftDataError(ValueError):
@@ -56,7 +56,7 @@ class _Bad(Exception):
 
 @dataclasses.dataclass
 class SftFile:
-    """A checked ``trainer.sft_data`` file: one golden ``(ids, loss_mask)`` row per conversation,
+    """A checked ``trainer.sft.data`` file: one golden ``(ids, loss_mask)`` row per conversation,
     in file order."""
 
     path: Path
@@ -79,7 +79,7 @@ class SftFile:
 
 
 def resolve(spec: str) -> Path:
-    """``trainer.sft_data`` as a path: relative ones against the current working directory (the
+    """``trainer.sft.data`` as a path: relative ones against the current working directory (the
     jobs run with Hydra's ``chdir: false``)."""
     path = Path(spec).expanduser()
     return path if path.is_absolute() else Path.cwd() / path

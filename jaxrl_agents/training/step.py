@@ -51,7 +51,7 @@ class OptimizerConfig:
     """Cosine decay length after warmup (0 = constant after warmup)."""
     hold_steps: int = 0
     """Updates at the peak ``lr`` between the warmup and the cosine decay. SFT sets its own: its
-    copy steps (``trainer.sft_copy_steps``), so the golden steps get the whole decay."""
+    copy steps (``trainer.sft.copy_steps``), so the golden steps get the whole decay."""
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     b1: float = 0.9

@@ -1,7 +1,7 @@
-"""Weights & Biases logging of a run (``trainer.wandb``), off by default.
+"""Weights & Biases logging of a run (``trainer.log.wandb``), off by default.
 
 :class:`WandbSpec` is the config; :class:`WandbSink` is what :class:`~jaxrl_agents.training.
-metrics.RunLogger` feeds when ``trainer.wandb.project`` is set: one W&B run per run folder
+metrics.RunLogger` feeds when ``trainer.log.wandb.project`` is set: one W&B run per run folder
 (process 0 only), the resolved job config as its config, every metric row the TensorBoard writer
 gets (keys ``<stage>/<name>``, each stage with its own step axis ``<stage>/step``, since W&B's own
 step must only grow while the job logs SFT, evaluation and RL rows on steps of their own), and at
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("online", "offline", "disabled")
-"""Valid ``trainer.wandb.mode`` values (W&B's own)."""
+"""Valid ``trainer.log.wandb.mode`` values (W&B's own)."""
 RESULT_FILES = ("summary.json", "learning_curve.png", "report.html", "report.json")
 """Files of the run folder logged as the ``results`` artifact at the end, those that exist."""
 ID_FILE = Path("wandb") / "run_id"
@@ -32,13 +32,13 @@ _INSTALL = "pip install 'jaxrl_agents[wandb]'"
 
 
 class WandbUnavailable(RuntimeError):
-    """``trainer.wandb.project`` is set but the ``wandb`` package cannot be imported, or the W&B
+    """``trainer.log.wandb.project`` is set but the ``wandb`` package cannot be imported, or the W&B
     run cannot start (one line, reported as a config error by the entry points)."""
 
 
 @dataclasses.dataclass
 class WandbSpec:
-    """Weights & Biases logging (``trainer.wandb``); off unless ``project`` is set."""
+    """Weights & Biases logging (``trainer.log.wandb``); off unless ``project`` is set."""
 
     project: str | None = None
     """W&B project the run is logged to; None: no W&B logging (the default)."""
@@ -83,8 +83,8 @@ def _import_wandb(spec: WandbSpec) -> Any:
         import wandb
     except ImportError as e:
         raise WandbUnavailable(
-            f"trainer.wandb.project={spec.project}: the wandb package is not installed; "
-            f"{_INSTALL} (or leave trainer.wandb.project unset)"
+            f"trainer.log.wandb.project={spec.project}: the wandb package is not installed; "
+            f"{_INSTALL} (or leave trainer.log.wandb.project unset)"
         ) from e
     return wandb
 
@@ -132,8 +132,8 @@ class WandbSink:
         except wandb.errors.Error as e:  # not logged in, no network, a bad entity, ...
             first = " ".join((str(e).strip().splitlines() or [type(e).__name__])[0].split())
             raise WandbUnavailable(
-                f"trainer.wandb.project={spec.project}: the W&B run did not start ({first}); "
-                "run `wandb login`, or set trainer.wandb.mode=offline (upload later with "
+                f"trainer.log.wandb.project={spec.project}: the W&B run did not start ({first}); "
+                "run `wandb login`, or set trainer.log.wandb.mode=offline (upload later with "
                 "`wandb sync`)"
             ) from e
 

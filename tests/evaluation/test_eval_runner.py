@@ -72,7 +72,7 @@ def tiny_run(tmp_path_factory):
 
     run = tmp_path_factory.mktemp("run") / "seed0"
     cfg = build(RunConfig, {"run_dir": str(run), "model": {"init": TINY}, "env": ENV,
-                            "trainer": {"sft_steps": 4}})  # fmt: skip
+                            "trainer": {"sft": {"steps": 4}}})  # fmt: skip
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
     tok = B.build_tokenizer(cfg.chat, cfg.model.path)

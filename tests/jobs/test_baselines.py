@@ -1,5 +1,5 @@
-"""Non-RL baselines of the train job: rejection-sampling fine-tuning (``trainer.rl_stage=rft``,
-``jobs.baselines``) and SFT on the annotator's verdict-filtered data (``trainer.sft_filter``)."""
+"""Non-RL baselines of the train job: rejection-sampling fine-tuning (``trainer.rl.stage=rft``,
+``jobs.baselines``) and SFT on the annotator's verdict-filtered data (``trainer.sft.filter``)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _run(tmp_path, *extra):
 
 
 def test_rft_keeps_the_verified_episodes_of_the_rl_budget_and_trains_on_them(tmp_path):
-    run, state = _run(tmp_path / "rft", "trainer.rl_steps=2", "trainer.tasks_per_step=4")
+    run, state = _run(tmp_path / "rft", "trainer.rl.steps=2", "trainer.rl.tasks_per_step=4")
     solved = {t.id for t in run.train_tasks[::2]}  # a policy that solves every other task
 
     def half(task):
@@ -43,13 +43,13 @@ def test_rft_keeps_the_verified_episodes_of_the_rl_budget_and_trains_on_them(tmp
     changed = jax.tree.map(lambda a, b: bool(np.any(a != np.asarray(b))), before, after.params)
     assert all(jax.tree.leaves(changed))  # 2 SFT steps on the kept episodes moved every weight
     run.ckpt.wait()
-    assert run.ckpt.latest_step() == run.tr.sft_steps + 2  # checkpointed as RL's last step
+    assert run.ckpt.latest_step() == run.tr.sft.steps + 2  # checkpointed as RL's last step
     rows = [json.loads(x) for x in (tmp_path / "rft" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r.get("stage") == "rft"] == [2]
 
 
 def test_rft_without_a_success_stops_in_one_line(tmp_path):
-    run, state = _run(tmp_path / "none", "trainer.rl_steps=1", "trainer.tasks_per_step=2")
+    run, state = _run(tmp_path / "none", "trainer.rl.steps=1", "trainer.rl.tasks_per_step=2")
     engine = ScriptedEngine(run.sys.chat, policy_factory=wrong_policy)
     try:
         asyncio.run(rft(run, engine, state))
@@ -62,7 +62,7 @@ def test_rft_without_a_success_stops_in_one_line(tmp_path):
 def test_sft_filter_keeps_the_verified_annotator_episodes(tmp_path, monkeypatch, capsys):
     # the demo annotator answers 90% of the coin problems without the tool (a wrong number)
     run = tmp_path / "verified"
-    argv = [*FAST, f"run_dir={run}", "trainer.sft_filter=verified", "trainer.rl_steps=0"]
+    argv = [*FAST, f"run_dir={run}", "trainer.sft.filter=verified", "trainer.rl.steps=0"]
     assert _main(argv, monkeypatch) == 0, capsys.readouterr().err[-600:]
     stages = json.loads((run / "stages.json").read_text())
     counts = stages["sft_filter"]
@@ -75,8 +75,8 @@ def test_sft_filter_keeps_the_verified_annotator_episodes(tmp_path, monkeypatch,
 
 def test_bad_baseline_keys_name_the_valid_values(tmp_path, monkeypatch, capsys):
     for key, valid in (
-        ("trainer.rl_stage=sft", "valid: rl, rft"),
-        ("trainer.sft_filter=all", "valid: answered, verified"),
+        ("trainer.rl.stage=sft", "valid: rl, rft"),
+        ("trainer.sft.filter=all", "valid: answered, verified"),
     ):
         assert _main([*FAST, f"run_dir={tmp_path / 'x'}", key], monkeypatch) not in (0, None)
         assert valid in capsys.readouterr().err

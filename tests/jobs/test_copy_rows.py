@@ -1,4 +1,4 @@
-"""``trainer.sft_copy_steps``: the first SFT steps train on synthetic copy rows (random token
+"""``trainer.sft.copy_steps``: the first SFT steps train on synthetic copy rows (random token
 runs, each repeated), so a freshly initialised model learns to copy from its context before it
 sees golden data. The rows, the key's checks, and the job through ``jaxrl-train``'s ``main()``."""
 
@@ -12,7 +12,7 @@ from train_cli import FAST
 from train_cli import main_in_process as _main
 
 from jaxrl_agents.chat.tokenizer import load_tiny_tokenizer
-from jaxrl_agents.jobs.config import TrainerSpec
+from jaxrl_agents.jobs.trainer_spec import SFTSpec
 from jaxrl_agents.training.copy_rows import COPY_LEN, MIN_SPAN, copy_rows, ordinary_ids
 
 
@@ -41,12 +41,12 @@ def test_rows_train_only_on_the_copy():
 
 
 def test_bad_values_are_refused_by_name():
-    with pytest.raises(ValueError, match="sft_copy_steps=4 must be < sft_steps=4"):
-        TrainerSpec(sft_steps=4, sft_copy_steps=4)
-    with pytest.raises(ValueError, match="sft_copy_steps=-1 must be >= 0"):
-        TrainerSpec(sft_copy_steps=-1)
-    with pytest.raises(ValueError, match="sft_copy_batch=0 must be >= 1"):
-        TrainerSpec(sft_copy_batch=0)
+    with pytest.raises(ValueError, match="copy_steps=4 must be < steps=4"):
+        SFTSpec(steps=4, copy_steps=4)
+    with pytest.raises(ValueError, match="copy_steps=-1 must be >= 0"):
+        SFTSpec(copy_steps=-1)
+    with pytest.raises(ValueError, match="copy_batch=0 must be >= 1"):
+        SFTSpec(copy_batch=0)
     with pytest.raises(ValueError, match="length=6: copy rows need at least 8"):
         copy_rows(np.random.default_rng(0), np.arange(7, 20), 1, length=6)
 
@@ -56,16 +56,16 @@ def test_job_runs_copy_steps_then_golden_data(tmp_path, monkeypatch, capsys):
     argv = [
         *FAST,
         f"run_dir={run}",
-        "trainer.sft_copy_steps=2",
-        "trainer.sft_copy_batch=4",
-        "trainer.rl_steps=0",
+        "trainer.sft.copy_steps=2",
+        "trainer.sft.copy_batch=4",
+        "trainer.rl.steps=0",
     ]
     assert _main(argv, monkeypatch) == 0
     out = capsys.readouterr().out
-    assert "SFT: steps 1-2 on synthetic copy rows (trainer.sft_copy_steps), then 2 on the" in out
+    assert "SFT: steps 1-2 on synthetic copy rows (trainer.sft.copy_steps), then 2 on the" in out
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r.get("stage") == "sft"] == [4]
-    assert json.loads((run / "config.json").read_text())["trainer"]["sft_copy_steps"] == 2
+    assert json.loads((run / "config.json").read_text())["trainer"]["sft"]["copy_steps"] == 2
 
 
 def test_copy_steps_hold_the_peak_lr_and_the_golden_steps_get_the_decay():

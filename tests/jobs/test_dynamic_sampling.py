@@ -13,8 +13,8 @@ import pytest
 from jaxrl_agents.rewards import register_reward_term
 
 SMOKE = ["trainer=smoke", "sampler.max_slots=16", "rollout.group_size=2", "mesh=single",
-         "trainer.export=false", "trainer.eval_every=0", "trainer.heldout_tasks=2",
-         "trainer.rl_steps=3", "trainer.tasks_per_step=4"]  # fmt: skip
+         "trainer.checkpoint.export=false", "trainer.eval.every=0", "trainer.eval.heldout_tasks=2",
+         "trainer.rl.steps=3", "trainer.rl.tasks_per_step=4"]  # fmt: skip
 
 
 def half_informative(traj) -> float:
@@ -45,8 +45,8 @@ def _train(argv, tmp_path, monkeypatch):
 
 def test_zero_variance_groups_are_refilled_to_a_full_batch(tmp_path, monkeypatch):
     rl = _train(
-        ["reward.terms=[{name: half_informative}]", "trainer.dynamic_sampling=true",
-         "trainer.dynamic_max_rounds=8"],
+        ["reward.terms=[{name: half_informative}]", "trainer.rl.dynamic_sampling=true",
+         "trainer.rl.dynamic_max_rounds=8"],
         tmp_path, monkeypatch,
     )  # fmt: skip
     assert len(rl) == 3
@@ -62,8 +62,8 @@ def test_zero_variance_groups_are_refilled_to_a_full_batch(tmp_path, monkeypatch
 
 def test_overlong_masking_counts_cut_off_episodes(tmp_path, monkeypatch):
     # 24 new tokens a turn cuts the oracle-free tiny policy's turns (it rarely stops that soon).
-    rl = _train(["trainer.mask_overlong=true", "rollout.max_new_tokens=24",
-                 "trainer.sft_steps=0"], tmp_path, monkeypatch)  # fmt: skip
+    rl = _train(["trainer.rl.mask_overlong=true", "rollout.max_new_tokens=24",
+                 "trainer.sft.steps=0"], tmp_path, monkeypatch)  # fmt: skip
     assert sum(r["overlong_masked"] for r in rl) > 0
 
 
@@ -74,9 +74,9 @@ def test_an_outcome_keyed_fallback_skips_the_update(on, tmp_path, monkeypatch):
     nothing (the shaping term would be all its signal); keyed on the reward, the groups whose term
     varies are informative and train."""
     rl = _train(
-        ["reward.terms=[{name: half_informative}]", "trainer.dynamic_sampling=true",
-         f"trainer.dynamic_sampling_on={on}", "trainer.dynamic_max_rounds=1",
-         "trainer.sft_steps=0"],
+        ["reward.terms=[{name: half_informative}]", "trainer.rl.dynamic_sampling=true",
+         f"trainer.rl.dynamic_sampling_on={on}", "trainer.rl.dynamic_max_rounds=1",
+         "trainer.sft.steps=0"],
         tmp_path, monkeypatch,
     )  # fmt: skip
     assert len(rl) == 3 and all(r["success"] == 0.0 for r in rl)

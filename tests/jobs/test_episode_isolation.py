@@ -16,7 +16,7 @@ from jaxrl_agents.envs import CalculatorEnv
 from jaxrl_agents.rewards import register_reward_term
 
 SMOKE = ["trainer=smoke", "sampler.max_slots=16", "rollout.group_size=2", "mesh=single",
-         "trainer.export=false", "trainer.eval_every=0"]  # fmt: skip
+         "trainer.checkpoint.export=false", "trainer.eval.every=0"]  # fmt: skip
 CALLS = {"env": 0, "reward": 0}
 
 

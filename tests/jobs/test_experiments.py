@@ -41,7 +41,7 @@ def test_preset_passes_the_start_up_checks(name):
     from jaxrl_agents.jobs.system import build_train, check_oracle_fits
 
     own = to_run_config(compose("config", [f"experiment={name}"]))  # the preset's own values
-    assert own.trainer.sft_copy_steps < own.trainer.sft_steps
+    assert own.trainer.sft.copy_steps < own.trainer.sft.steps
     cfg = to_run_config(compose("config", [f"experiment={name}", "mesh=single", *QUICK]))
     assert cfg.name == f"exp_{name}" and cfg.env.name == ENV.get(name, name)
     rates = [v for k, v in cfg.env.oracle.items() if k.endswith("_prob")]
@@ -62,7 +62,7 @@ LIMITS = {
         "rollout.max_new_tokens=32",
         "rollout.max_total_tokens=640",
         "sampler.max_seq_len=704",
-        "trainer.seq_buckets=[256,384,512,640]",
+        "trainer.batching.seq_buckets=[256,384,512,640]",
     ),
 }
 """Four SFT steps leave a random policy that runs every episode to the limits: the script path
@@ -143,7 +143,7 @@ def test_variant_folder_is_a_valid_hydra_value(variant):
 
 
 def test_a_seed_stopped_at_the_rl_gate_counts_as_no_change(tmp_path):
-    """A train command that stops at the RL gate (trainer.rl_start_min_success; the job's side is
+    """A train command that stops at the RL gate (trainer.rl.start_min_success; the job's side is
     tests/jobs/test_rl_gate.py) fails as run_command's subprocess would; the script reports the
     seed as RL not run, counted as RL = SFT, and leaves it out of the curves."""
     gate = {"min_success": 0.05, "validation_success": 0.02, "passed": False}
@@ -234,7 +234,7 @@ def test_tables_compare_variants_with_t_intervals(tmp_path):
 
 def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
     """``--sft-seed S``: the first (variant, seed) trains SFT with seed=S; every other run starts
-    RL from that folder's SFT result with its own ``trainer.rl_seed``, and is evaluated on the
+    RL from that folder's SFT result with its own ``trainer.rl.seed``, and is evaluated on the
     run's (seed S's) held-out tasks. The commands are recorded by a fake runner that writes what
     a finished run leaves."""
     cmds = []
@@ -251,7 +251,7 @@ def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
         run_dir.mkdir(parents=True)
         cfg = {
             "seed": int(args["seed"]),
-            "trainer": {"heldout_tasks": 100, "tasks_per_step": 8},
+            "trainer": {"eval": {"heldout_tasks": 100}, "rl": {"tasks_per_step": 8}},
             "rollout": {
                 "max_turns": 8,
                 "max_new_tokens": 64,
@@ -288,7 +288,7 @@ def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
     trains = [a for m, a in cmds if m.endswith("train")]
     evals = [a for m, a in cmds if m.endswith("eval")]
     first = tmp_path / "research" / "base" / "sft2-rl0"
-    assert [(a["seed"], a["trainer.rl_seed"], a.get("trainer.sft_from")) for a in trains] == [
+    assert [(a["seed"], a["trainer.rl.seed"], a.get("trainer.sft.init_from")) for a in trains] == [
         ("2", "0", None),
         ("2", "1", str(first)),
         ("2", "0", str(first)),
@@ -297,7 +297,7 @@ def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
     assert trains[3]["run_dir"] == str(tmp_path / "research" / "advantage-gigpo" / "sft2-rl1")
     assert {a["seed"] for a in evals} == {"2"}  # the run's held-out tasks, not the RL seed's
     text = (tmp_path / "research" / "results.md").read_text()
-    assert "Seeds are RL seeds (`trainer.rl_seed`)" in text and "of seed 2" in text
+    assert "Seeds are RL seeds (`trainer.rl.seed`)" in text and "of seed 2" in text
 
 
 def test_compile_cache_reaches_the_jobs(tmp_path, monkeypatch):

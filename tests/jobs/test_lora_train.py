@@ -112,11 +112,11 @@ def test_pretrained_checkpoint_with_from_scratch_settings_warns():
     def cfg(*overrides):
         return from_tree(RunConfig, compose("config", ["model.path=/models/x", *overrides]))
 
-    line = pretrained_warning(cfg("trainer.sft_copy_steps=10"))  # the demo's sft_lr 1e-3 too
-    assert line.count("\n") == 0 and "trainer.sft_copy_steps=10" in line
-    assert "trainer.sft_lr=0.001 with full fine-tuning" in line and "trainer=instruct" in line
+    line = pretrained_warning(cfg("trainer.sft.copy_steps=10"))  # the demo's sft_lr 1e-3 too
+    assert line.count("\n") == 0 and "trainer.sft.copy_steps=10" in line
+    assert "trainer.sft.lr=0.001 with full fine-tuning" in line and "trainer=instruct" in line
     assert "optimizer.lr=0.002" in pretrained_warning(
-        cfg("trainer.sft_steps=0", "optimizer.lr=2e-3")
+        cfg("trainer.sft.steps=0", "optimizer.lr=2e-3")
     )
     assert pretrained_warning(cfg("trainer=instruct")) is None
     assert pretrained_warning(cfg("trainer=instruct_lora", "optimizer.lr=2e-3")) is None

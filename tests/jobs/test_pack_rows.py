@@ -1,6 +1,6 @@
 """The training job with packed rows (the default) and with one episode per row
-(``trainer.pack_rows=false``): same episodes, same SFT and RL losses and gradient norms (one
-minibatch per step, so both updates see the same episodes), fewer computed positions packed."""
+(``trainer.batching.pack_rows=false``): same episodes, same SFT and RL losses and gradient norms
+(one minibatch per step, so both updates see the same episodes), fewer computed positions packed."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-SMOKE = ["trainer=smoke", "trainer.sft_steps=2", "trainer.rl_steps=2", "trainer.heldout_tasks=2",
-         "trainer.eval_every=0", "trainer.export=false",
+SMOKE = ["trainer=smoke", "trainer.sft.steps=2", "trainer.rl.steps=2",
+         "trainer.eval.heldout_tasks=2", "trainer.eval.every=0", "trainer.checkpoint.export=false",
          "rollout.group_size=4", "mesh=single", "advantage=reinforce_pp", "advantage.gamma=0.95",
-         "loss=gspo", "trainer.tasks_per_step=6", "sampler.max_slots=24",
-         "trainer.seq_buckets=[128,192,256,384,512]"]  # fmt: skip
+         "loss=gspo", "trainer.rl.tasks_per_step=6", "sampler.max_slots=24",
+         "trainer.batching.seq_buckets=[128,192,256,384,512]"]  # fmt: skip
 
 
 def _train(argv, run, monkeypatch):
@@ -26,7 +26,7 @@ def _train(argv, run, monkeypatch):
 
 def test_packed_and_unpacked_jobs_train_alike(tmp_path, monkeypatch):
     packed = _train([], tmp_path / "packed", monkeypatch)
-    flat = _train(["trainer.pack_rows=false"], tmp_path / "flat", monkeypatch)
+    flat = _train(["trainer.batching.pack_rows=false"], tmp_path / "flat", monkeypatch)
     stage = lambda rows, s: [r for r in rows if r["stage"] == s]
     for a, b in zip(stage(packed, "sft"), stage(flat, "sft"), strict=True):
         assert a["tokens"] == b["tokens"] and a["loss"] == pytest.approx(b["loss"], rel=1e-5)

@@ -36,14 +36,14 @@ def _cli(*args, cwd=None, timeout=400):
 def test_multirun_jobs_get_their_own_folders(tmp_path):
     # a list override in the folder name: brackets become parentheses (orbax cannot restore
     # checkpoints from a path with brackets)
-    buckets = "trainer.seq_buckets=[128,256,384]"
-    p = _cli("-m", "advantage=grpo,rloo", *FAST, "trainer.rl_steps=1", buckets, cwd=tmp_path)
+    buckets = "trainer.batching.seq_buckets=[128,256,384]"
+    p = _cli("-m", "advantage=grpo,rloo", *FAST, "trainer.rl.steps=1", buckets, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "resuming" not in p.stdout, p.stdout[-2000:]
     runs = sorted((tmp_path / "multirun" / "demo").glob("advantage=*"))
     assert [r.name.split(",")[0] for r in runs] == ["advantage=grpo", "advantage=rloo"]
-    assert all("trainer.seq_buckets=(128,256,384)" in r.name for r in runs), runs
-    again = _cli("-m", "advantage=grpo", *FAST, "trainer.rl_steps=1", buckets, cwd=tmp_path)
+    assert all("trainer.batching.seq_buckets=(128,256,384)" in r.name for r in runs), runs
+    again = _cli("-m", "advantage=grpo", *FAST, "trainer.rl.steps=1", buckets, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from checkpoint: stage=rl step=1" in again.stdout  # its checkpoint restores
     bad = _cli(*FAST, "run_dir='runs/x[1]'", cwd=tmp_path)
@@ -64,22 +64,24 @@ def test_multirun_jobs_get_their_own_folders(tmp_path):
 
 def test_a_different_config_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
-    argv = [*FAST, "trainer.rl_steps=1", f"run_dir={run}"]
+    argv = [*FAST, "trainer.rl.steps=1", f"run_dir={run}"]
     assert _main(argv, monkeypatch) == 0
     before = {p: p.read_bytes() for p in (run / "config.json", run / "metrics.jsonl")}
     capsys.readouterr()
     assert _main([*argv, "optimizer.lr=5e-4"], monkeypatch) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and "optimizer.lr: 0.0001 -> 0.0005" in err[0], err
-    assert "trainer.allow_config_change=true" in err[0]
+    assert "trainer.checkpoint.allow_config_change=true" in err[0]
     assert {p: p.read_bytes() for p in before} == before  # nothing overwritten
     # Asked for explicitly, it resumes (and finds the run already done).
-    code = _main([*argv, "optimizer.lr=5e-4", "trainer.allow_config_change=true"], monkeypatch)
+    code = _main(
+        [*argv, "optimizer.lr=5e-4", "trainer.checkpoint.allow_config_change=true"], monkeypatch
+    )
     assert code == 0
     assert "resuming from checkpoint: stage=rl step=1" in capsys.readouterr().out
-    # trainer.resume=false on a folder with checkpoints: refused, not silently overwritten.
-    assert _main([*argv, "trainer.resume=false"], monkeypatch) == 2
-    assert "trainer.resume=false" in capsys.readouterr().err
+    # trainer.checkpoint.resume=false on a folder with checkpoints: refused, not overwritten.
+    assert _main([*argv, "trainer.checkpoint.resume=false"], monkeypatch) == 2
+    assert "trainer.checkpoint.resume=false" in capsys.readouterr().err
 
 
 def test_a_run_made_before_a_key_existed_resumes_at_its_default(tmp_path, capsys):
@@ -89,17 +91,18 @@ def test_a_run_made_before_a_key_existed_resumes_at_its_default(tmp_path, capsys
 
     from jaxrl_agents.jobs.config import ConfigError, RunConfig, TrainerSpec
     from jaxrl_agents.jobs.records import RunRecord
+    from jaxrl_agents.jobs.trainer_spec import SFTSpec
 
     cfg = RunConfig(run_dir=str(tmp_path))
     old = json.loads(json.dumps(dataclasses.asdict(cfg)))
-    del old["trainer"]["rl_start_min_success"], old["trainer"]["sft_lr"]  # "added" since
+    del old["trainer"]["rl"]["start_min_success"], old["trainer"]["sft"]["lr"]  # "added" since
     (tmp_path / "config.json").write_text(json.dumps(old))
     RunRecord(tmp_path).check_config(cfg, has_checkpoints=True)
     out = capsys.readouterr().out
     assert ("resuming a run made before these keys existed, at their defaults: "
-            "trainer.rl_start_min_success=0.0, trainer.sft_lr=0.001") in out  # fmt: skip
-    bumped = dataclasses.replace(cfg, trainer=TrainerSpec(sft_lr=2e-3))
-    with pytest.raises(ConfigError, match=r"trainer.sft_lr: '<absent>' -> 0.002"):
+            "trainer.rl.start_min_success=0.0, trainer.sft.lr=0.001") in out  # fmt: skip
+    bumped = dataclasses.replace(cfg, trainer=TrainerSpec(sft=SFTSpec(lr=2e-3)))
+    with pytest.raises(ConfigError, match=r"trainer.sft.lr: '<absent>' -> 0.002"):
         RunRecord(tmp_path).check_config(bumped, has_checkpoints=True)
 
 
@@ -107,8 +110,8 @@ def test_kill_and_resume_keeps_the_sft_reference_and_logs_each_step_once(tmp_pat
     from jaxrl_agents.jobs.restore import load_policy
 
     run = tmp_path / "killed"
-    args = [*FAST, f"run_dir={run}", "trainer.rl_steps=8", "trainer.eval_every=0",
-            "trainer.checkpoint_every=2", "loss.kl_coef=0.05"]  # fmt: skip
+    args = [*FAST, f"run_dir={run}", "trainer.rl.steps=8", "trainer.eval.every=0",
+            "trainer.checkpoint.every=2", "loss.kl_coef=0.05"]  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "jaxrl_agents.cli.train", *args], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, env=_env(), text=True, start_new_session=True,

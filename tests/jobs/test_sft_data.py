@@ -1,4 +1,4 @@
-"""SFT from the user's own data (``trainer.sft_data``): a JSONL file of OpenAI-style tool-calling
+"""SFT from the user's own data (``trainer.sft.data``): a JSONL file of OpenAI-style tool-calling
 conversations, rendered through the policy's chat path, alone or mixed with the env oracle's
 golden data; a malformed line stops the command before anything is compiled or written, in one
 line naming the file, the line number and the problem.
@@ -147,10 +147,10 @@ def test_sft_from_a_file_trains_on_exactly_its_rows(convs, chat, tmp_path, capsy
     argv = [
         *FAST,
         f"run_dir={run}",
-        f"trainer.sft_data={path}",
-        "trainer.sft_oracle=false",
-        f"trainer.sft_steps={steps}",
-        "trainer.rl_steps=0",
+        f"trainer.sft.data={path}",
+        "trainer.sft.oracle=false",
+        f"trainer.sft.steps={steps}",
+        "trainer.rl.steps=0",
     ]
     assert _main(argv, monkeypatch) == 0
     out = capsys.readouterr().out
@@ -191,7 +191,7 @@ def test_file_and_oracle_data_are_mixed(convs, tmp_path, capsys, monkeypatch):
     path, _ = convs
     shutil.copy(path, tmp_path / "mine.jsonl")
     monkeypatch.chdir(tmp_path)  # a relative path resolves against the working directory
-    argv = [*FAST, "run_dir=mixed", "trainer.sft_data=mine.jsonl", "trainer.rl_steps=0"]
+    argv = [*FAST, "run_dir=mixed", "trainer.sft.data=mine.jsonl", "trainer.rl.steps=0"]
     assert _main(argv, monkeypatch) == 0
     out = capsys.readouterr().out
     # trainer=smoke: 16 oracle episodes (all answered, premature guesses included)
@@ -277,7 +277,7 @@ BAD = [
             "tokens",
             "longer than the largest training sequence bucket (384)",
             "rollout.max_total_tokens",
-            "trainer.seq_buckets",
+            "trainer.batching.seq_buckets",
         ],
     ),
 ]
@@ -322,9 +322,9 @@ def test_a_malformed_line_is_one_error_line(bad, needles, tmp_path, capsys, monk
     data.write_text(json.dumps({"messages": [_U, _A]}) + "\n\n" + bad + "\n")  # bad: line 3
     run = tmp_path / "run"
     line = _one_line_error(
-        [*FAST, f"run_dir={run}", f"trainer.sft_data={data}"], capsys, monkeypatch
+        [*FAST, f"run_dir={run}", f"trainer.sft.data={data}"], capsys, monkeypatch
     )
-    assert f"trainer.sft_data={data}: line 3: " in line, line
+    assert f"trainer.sft.data={data}: line 3: " in line, line
     for needle in needles:
         assert needle in line, (needle, line)
     _nothing_written(run)
@@ -333,8 +333,8 @@ def test_a_malformed_line_is_one_error_line(bad, needles, tmp_path, capsys, monk
 @pytest.mark.parametrize(
     "extra, needles",
     [
-        (["trainer.sft_data=nope.jsonl"], ["trainer.sft_data='nope.jsonl'", "no such file"]),
-        (["trainer.sft_oracle=false"], ["trainer.sft_oracle=false", "trainer.sft_data=null"]),
+        (["trainer.sft.data=nope.jsonl"], ["trainer.sft.data='nope.jsonl'", "no such file"]),
+        (["trainer.sft.oracle=false"], ["trainer.sft.oracle=false", "trainer.sft.data=null"]),
     ],
     ids=["missing file", "no data"],
 )
@@ -365,6 +365,6 @@ def test_template_errors_and_further_bad_lines_are_named(tmp_path):
         load(str(data), chat, max_positions=384)
     msg = str(e.value)
     assert "\n" not in msg
-    assert msg.startswith(f"trainer.sft_data={data}: line 2: the chat template cannot render it")
+    assert msg.startswith(f"trainer.sft.data={data}: line 2: the chat template cannot render it")
     assert "boom is not allowed here" in msg
     assert msg.endswith("(and 2 more bad line(s): 3, 4)"), msg

@@ -1,4 +1,4 @@
-"""``trainer.sft_from``: RL recipes compared from one SFT result. A run started from another
+"""``trainer.sft.init_from``: RL recipes compared from one SFT result. A run started from another
 run's SFT snapshot trains no SFT of its own, evaluates exactly the policy that run's SFT made (the
 same held-out numbers, greedy), adds a fresh critic when its loss needs one, and refuses a source
 whose SFT was made with other settings, naming them. Through ``jaxrl-train``'s ``main()``
@@ -20,7 +20,13 @@ def test_rl_from_another_runs_sft(tmp_path, monkeypatch, capsys):
     src, dst = tmp_path / "base", tmp_path / "gae"
     assert _main([*FAST, f"run_dir={src}"], monkeypatch) == 0
     capsys.readouterr()
-    argv = [*FAST, f"run_dir={dst}", f"trainer.sft_from={src}", "advantage=gae", "loss=ppo_value"]
+    argv = [
+        *FAST,
+        f"run_dir={dst}",
+        f"trainer.sft.init_from={src}",
+        "advantage=gae",
+        "loss=ppo_value",
+    ]
     assert _main(argv, monkeypatch) == 0
     out = capsys.readouterr().out
     assert f"not trained here; the policy of {src}@sft" in out
@@ -38,25 +44,25 @@ def test_rl_from_another_runs_sft(tmp_path, monkeypatch, capsys):
 
 def test_sft_from_refuses_other_sft_settings(tmp_path, monkeypatch, capsys):
     src = tmp_path / "base"
-    assert _main([*FAST, f"run_dir={src}", "trainer.rl_steps=0"], monkeypatch) == 0
+    assert _main([*FAST, f"run_dir={src}", "trainer.rl.steps=0"], monkeypatch) == 0
     for extra, needle in [
-        (["trainer.sft_lr=0.002"], "trainer.sft_lr: 0.002 here, 0.001 there"),
+        (["trainer.sft.lr=0.002"], "trainer.sft.lr: 0.002 here, 0.001 there"),
         (["seed=3"], "seed: 3 here, 0 there"),
         (["env.oracle.premature_prob=0.5"], "env.oracle.premature_prob: 0.5 here, 0.9 there"),
     ]:
-        argv = [*FAST, f"run_dir={tmp_path / 'x'}", f"trainer.sft_from={src}", *extra]
+        argv = [*FAST, f"run_dir={tmp_path / 'x'}", f"trainer.sft.init_from={src}", *extra]
         code = _main(argv, monkeypatch)
         err = capsys.readouterr().err
         assert code not in (0, None), extra
         assert needle in err, err[-600:]
-    argv = [*FAST, f"run_dir={tmp_path / 'y'}", f"trainer.sft_from={tmp_path / 'nothing'}"]
+    argv = [*FAST, f"run_dir={tmp_path / 'y'}", f"trainer.sft.init_from={tmp_path / 'nothing'}"]
     assert _main(argv, monkeypatch) not in (0, None)
-    assert "trainer.sft_from=" in capsys.readouterr().err
+    assert "trainer.sft.init_from=" in capsys.readouterr().err
     assert not list(tmp_path.glob("[xy]/checkpoints"))  # stopped before anything was built
 
 
 def test_rl_seed_reseeds_rl_alone(tmp_path, monkeypatch, capsys):
-    """``trainer.rl_seed``: several RL seeds from one SFT result (``run_experiment.py
+    """``trainer.rl.seed``: several RL seeds from one SFT result (``run_experiment.py
     --sft-seed``). Equal to the run's seed, RL draws exactly what the source run drew from the
     same SFT weights; another value draws other RL tasks and samples, while the model, the SFT
     result and the held-out tasks stay the seed's."""
@@ -71,8 +77,8 @@ def test_rl_seed_reseeds_rl_alone(tmp_path, monkeypatch, capsys):
     runs = {}
     for rl_seed in (0, 1):
         runs[rl_seed] = tmp_path / f"rl{rl_seed}"
-        argv = [*FAST, f"run_dir={runs[rl_seed]}", f"trainer.sft_from={src}",
-                f"trainer.rl_seed={rl_seed}"]  # fmt: skip
+        argv = [*FAST, f"run_dir={runs[rl_seed]}", f"trainer.sft.init_from={src}",
+                f"trainer.rl.seed={rl_seed}"]  # fmt: skip
         assert _main(argv, monkeypatch) == 0
     capsys.readouterr()
     base = rl_episodes(src)

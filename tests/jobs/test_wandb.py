@@ -1,4 +1,4 @@
-"""Weights & Biases logging (``trainer.wandb``), offline: a sweep job's W&B run holds the job's
+"""Weights & Biases logging (``trainer.log.wandb``), offline: a sweep job's W&B run holds the job's
 config and every metric row of ``metrics.jsonl`` (same steps, ``<stage>/`` keys), its artifacts
 and summary; rerunning the command continues the same W&B run; W&B stays off by default, and a
 missing ``wandb`` package stops the job at start-up in one line.
@@ -100,9 +100,9 @@ def _read_run(path: Path) -> dict[str, Any]:
 
 def _argv(sweep: Path) -> list[str]:
     # the job's folder: <sweep>/job0 (by default named after every override)
-    return ["-m", *FAST, "trainer.rl_steps=2", "seed=0", f"hydra.sweep.dir={sweep}",
-            "hydra.sweep.subdir=job0", "trainer.wandb.project=test",
-            "trainer.wandb.mode=offline", "trainer.wandb.tags=[smoke]"]  # fmt: skip
+    return ["-m", *FAST, "trainer.rl.steps=2", "seed=0", f"hydra.sweep.dir={sweep}",
+            "hydra.sweep.subdir=job0", "trainer.log.wandb.project=test",
+            "trainer.log.wandb.mode=offline", "trainer.log.wandb.tags=[smoke]"]  # fmt: skip
 
 
 def test_sweep_job_logs_config_metrics_and_artifacts_and_a_rerun_resumes_it(
@@ -121,8 +121,8 @@ def test_sweep_job_logs_config_metrics_and_artifacts_and_a_rerun_resumes_it(
     assert got["group"] == "wb_sweep"  # the sweep's name
     cfg = json.loads((run_dir / "config.json").read_text())
     assert got["config"]["trainer"] == cfg["trainer"]  # the full resolved config
-    assert got["config"]["trainer"]["wandb"]["group"] == "wb_sweep"
-    assert got["config"]["trainer"]["rl_steps"] == 2
+    assert got["config"]["trainer"]["log"]["wandb"]["group"] == "wb_sweep"
+    assert got["config"]["trainer"]["rl"]["steps"] == 2
     assert {k: got["config"][k] for k in cfg} == cfg
 
     # every metrics.jsonl row, same stage and step, the same values
@@ -161,19 +161,19 @@ def test_sweep_job_logs_config_metrics_and_artifacts_and_a_rerun_resumes_it(
 def test_missing_wandb_package_stops_at_start_up(tmp_path, monkeypatch, capsys, offline_wandb):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
     run_dir = tmp_path / "run"
-    argv = [*FAST, f"run_dir={run_dir}", "trainer.wandb.project=test"]
+    argv = [*FAST, f"run_dir={run_dir}", "trainer.log.wandb.project=test"]
     assert _main(argv, monkeypatch) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (
-        "config error: trainer.wandb.project=test: the wandb package is not installed; "
-        "pip install 'jaxrl_agents[wandb]' (or leave trainer.wandb.project unset)"
+        "config error: trainer.log.wandb.project=test: the wandb package is not installed; "
+        "pip install 'jaxrl_agents[wandb]' (or leave trainer.log.wandb.project unset)"
     )
     written = {p.name for p in run_dir.iterdir()} - {".hydra", "train.log"}  # Hydra's own
     assert written == set()  # the job wrote nothing before stopping
 
 
 def test_off_by_default(tmp_path):
-    spec = RunConfig().trainer.wandb
+    spec = RunConfig().trainer.log.wandb
     assert spec.project is None and not spec.enabled
     logger = RunLogger(tmp_path, enabled=True, wandb=spec, config={})
     logger.log(1, {"x": 1.0}, stage="rl")
@@ -184,14 +184,14 @@ def test_off_by_default(tmp_path):
 @pytest.mark.parametrize(
     "wb, key, words",
     [
-        ({"project": "p", "mode": "cloud"}, "trainer.wandb.mode", "online, offline, disabled"),
-        ({"project": ""}, "trainer.wandb.project", "non-empty string"),
-        ({"project": "p", "tags": ["x" * 65]}, "trainer.wandb.tags", "1-64 characters"),
+        ({"project": "p", "mode": "cloud"}, "trainer.log.wandb.mode", "online, offline, disabled"),
+        ({"project": ""}, "trainer.log.wandb.project", "non-empty string"),
+        ({"project": "p", "tags": ["x" * 65]}, "trainer.log.wandb.tags", "1-64 characters"),
     ],
 )
 def test_bad_values_name_the_key_and_what_is_valid(wb, key, words):
     with pytest.raises(ConfigError) as e:
-        build(RunConfig, {"trainer": {"wandb": wb}})
+        build(RunConfig, {"trainer": {"log": {"wandb": wb}}})
     msg = str(e.value)
     assert msg.startswith(f"{key}: ") and words in msg and "\n" not in msg
 
@@ -204,7 +204,9 @@ def test_group_defaults_to_the_sweep_name_only_in_a_multirun(monkeypatch):
     from jaxrl_agents.cli import train as cli
 
     def tree(**wb):
-        return OmegaConf.create({"trainer": {"wandb": {"project": "p", "group": None, **wb}}})
+        return OmegaConf.create(
+            {"trainer": {"log": {"wandb": {"project": "p", "group": None, **wb}}}}
+        )
 
     def hydra(mode):
         hc = SimpleNamespace(mode=mode, sweep=SimpleNamespace(dir="multirun/my_sweep"))
@@ -213,17 +215,17 @@ def test_group_defaults_to_the_sweep_name_only_in_a_multirun(monkeypatch):
     hydra(RunMode.MULTIRUN)
     t = tree()
     cli._sweep_wandb_group(t)
-    assert t.trainer.wandb.group == "my_sweep"
+    assert t.trainer.log.wandb.group == "my_sweep"
     t = tree(group="mine")
     cli._sweep_wandb_group(t)
-    assert t.trainer.wandb.group == "mine"  # a group given wins
+    assert t.trainer.log.wandb.group == "mine"  # a group given wins
     t = tree(project=None)
     cli._sweep_wandb_group(t)
-    assert t.trainer.wandb.group is None  # W&B off: the config stays as it was
+    assert t.trainer.log.wandb.group is None  # W&B off: the config stays as it was
     hydra(RunMode.RUN)
     t = tree()
     cli._sweep_wandb_group(t)
-    assert t.trainer.wandb.group is None
+    assert t.trainer.log.wandb.group is None
 
 
 def test_wandb_settings_may_change_on_resume(tmp_path):
@@ -235,10 +237,10 @@ def test_wandb_settings_may_change_on_resume(tmp_path):
     record = RunRecord(tmp_path)
     record.write_config(RunConfig())  # a folder made without W&B
     cfg = RunConfig()
-    cfg.trainer.wandb = WandbSpec(project="p", tags=["late"], mode="offline")
+    cfg.trainer.log.wandb = WandbSpec(project="p", tags=["late"], mode="offline")
     record.check_config(cfg, has_checkpoints=True)  # no refusal: only where the logs go
     old = json.loads((tmp_path / "config.json").read_text())
-    del old["trainer"]["wandb"]  # a folder made before the key existed
+    del old["trainer"]["log"]["wandb"]  # a folder made before the key existed
     (tmp_path / "config.json").write_text(json.dumps(old))
     record.check_config(cfg, has_checkpoints=True)
     changed = dataclasses.replace(cfg, seed=1)
@@ -257,6 +259,7 @@ def test_a_run_that_cannot_start_stops_in_one_line(tmp_path, monkeypatch, offlin
     with pytest.raises(WandbUnavailable) as e:
         WandbSink(WandbSpec(project="p", mode="online"), tmp_path, {})
     assert str(e.value) == (
-        "trainer.wandb.project=p: the W&B run did not start (api_key not configured (no-tty).); "
-        "run `wandb login`, or set trainer.wandb.mode=offline (upload later with `wandb sync`)"
+        "trainer.log.wandb.project=p: the W&B run did not start (api_key not configured "
+        "(no-tty).); run `wandb login`, or set trainer.log.wandb.mode=offline (upload later "
+        "with `wandb sync`)"
     )

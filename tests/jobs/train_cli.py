@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 FAST = ["trainer=smoke", "sampler.max_slots=16", "rollout.group_size=2", "mesh=single",
-        "trainer.export=false", "trainer.heldout_tasks=2"]  # fmt: skip
+        "trainer.checkpoint.export=false", "trainer.eval.heldout_tasks=2"]  # fmt: skip
 
 
 def main_in_process(argv: list[str], monkeypatch) -> int | str | None:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-SMOKE = ["trainer=smoke", "trainer.sft_steps=2", "trainer.sft_batch_size=4", "trainer.rl_steps=2",
-         "trainer.heldout_tasks=2", "trainer.eval_every=0", "trainer.export=false",
+SMOKE = ["trainer=smoke", "trainer.sft.steps=2", "trainer.sft.batch_size=4", "trainer.rl.steps=2",
+         "trainer.eval.heldout_tasks=2", "trainer.eval.every=0", "trainer.checkpoint.export=false",
          "sampler.max_slots=8", "rollout.group_size=2", "mesh=single"]  # fmt: skip
 
 

@@ -221,8 +221,8 @@ def test_train_then_jaxrl_export_is_faithful_to_the_source(source, tmp_path, mon
     run = tmp_path / "run"
     argv = ["model=hf", f"model.path={source}", "model.dtype=float32", "model.param_dtype=float32",
             "model.remat=false", "trainer=smoke", "sampler.max_slots=16", "rollout.group_size=2",
-            "mesh=single", "trainer.heldout_tasks=2", "trainer.rl_steps=1",
-            "trainer.export=false", f"run_dir={run}"]  # fmt: skip
+            "mesh=single", "trainer.eval.heldout_tasks=2", "trainer.rl.steps=1",
+            "trainer.checkpoint.export=false", f"run_dir={run}"]  # fmt: skip
     assert _cli(train_cli, argv, monkeypatch) == 0
     assert _cli(export_cli, [f"run_dir={run}"], monkeypatch) == 0
     out = run / "hf_export_latest"

@@ -46,10 +46,10 @@ def _load(path: Path) -> ModuleType:
 # job SLURM stops runs on for KillWait (2 s here) seconds, submitit ignoring the SIGTERM.
 JOB = [
     *_load(TESTS / "jobs" / "train_cli.py").FAST,
-    "trainer.sft_steps=2",
-    "trainer.rl_steps=20",
-    "trainer.eval_every=0",
-    "trainer.seq_buckets=[256]",
+    "trainer.sft.steps=2",
+    "trainer.rl.steps=20",
+    "trainer.eval.every=0",
+    "trainer.batching.seq_buckets=[256]",
     "sampler.max_slots=8",
 ]
 # Every row an uninterrupted run of JOB logs, in order.

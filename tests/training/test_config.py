@@ -6,12 +6,14 @@ from jaxrl_agents.jobs.config import ConfigError, RunConfig, build
 
 
 def test_builds_nested_dataclasses():
-    cfg = build(RunConfig, {"seed": 3, "trainer": {"rl_steps": 5}, "optimizer": {"lr": 1e-3}})
-    assert cfg.seed == 3 and cfg.trainer.rl_steps == 5 and cfg.optimizer.lr == 1e-3
+    cfg = build(RunConfig, {"seed": 3, "trainer": {"rl": {"steps": 5}}, "optimizer": {"lr": 1e-3}})
+    assert cfg.seed == 3 and cfg.trainer.rl.steps == 5 and cfg.optimizer.lr == 1e-3
 
 
 def test_unknown_key_names_key_and_valid_choices():
-    with pytest.raises(ConfigError, match=r"'trainer.rl_stpes'.*valid keys:.*rl_steps"):
+    with pytest.raises(ConfigError, match=r"'trainer.rl.stpes'.*valid keys:.*steps"):
+        build(RunConfig, {"trainer": {"rl": {"stpes": 5}}})
+    with pytest.raises(ConfigError, match=r"'trainer.rl_stpes'.*valid keys: batching, .*, sft"):
         build(RunConfig, {"trainer": {"rl_stpes": 5}})
 
 
@@ -19,8 +21,8 @@ def test_unknown_key_names_key_and_valid_choices():
     "data, key",
     [
         ({"seed": "zero"}, "seed"),
-        ({"trainer": {"resume": 1}}, "trainer.resume"),
-        ({"trainer": {"rl_steps": 2.5}}, "trainer.rl_steps"),
+        ({"trainer": {"checkpoint": {"resume": 1}}}, "trainer.checkpoint.resume"),
+        ({"trainer": {"rl": {"steps": 2.5}}}, "trainer.rl.steps"),
         ({"model": 3}, "model"),
     ],
 )

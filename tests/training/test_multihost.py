@@ -28,10 +28,10 @@ def test_shares_of_work(monkeypatch):
 
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(jax, "process_index", lambda: 1)
-    assert D.even_share(4, "trainer.tasks_per_step") == slice(2, 4)
+    assert D.even_share(4, "trainer.rl.tasks_per_step") == slice(2, 4)
     assert [D.uneven_share(n) for n in (3, 1)] == [slice(2, 3), slice(1, 1)]
-    with pytest.raises(ValueError, match=r"trainer.tasks_per_step=3 .* processes \(2\)"):
-        D.even_share(3, "trainer.tasks_per_step")
+    with pytest.raises(ValueError, match=r"trainer.rl.tasks_per_step=3 .* processes \(2\)"):
+        D.even_share(3, "trainer.rl.tasks_per_step")
 
 
 # -- the whole job -------------------------------------------------------------------------------
@@ -42,16 +42,16 @@ RUN_WORKER = Path(__file__).with_name("multihost_run_worker.py")
 # process that computed either from its own rows alone would not match the one-process run.
 JOB = [
     "trainer=smoke",
-    "trainer.sft_steps=1",
-    "trainer.sft_batch_size=4",
-    "trainer.sft_examples=8",
-    "trainer.rl_steps=2",
-    "trainer.tasks_per_step=2",
-    "trainer.heldout_tasks=3",
-    "trainer.eval_every=0",
-    "trainer.checkpoint_every=2",
-    "trainer.export=false",
-    "trainer.seq_buckets=[256]",
+    "trainer.sft.steps=1",
+    "trainer.sft.batch_size=4",
+    "trainer.sft.examples=8",
+    "trainer.rl.steps=2",
+    "trainer.rl.tasks_per_step=2",
+    "trainer.eval.heldout_tasks=3",
+    "trainer.eval.every=0",
+    "trainer.checkpoint.every=2",
+    "trainer.checkpoint.export=false",
+    "trainer.batching.seq_buckets=[256]",
     "rollout.group_size=2",
     "sampler.max_slots=8",
     "advantage=reinforce_pp",

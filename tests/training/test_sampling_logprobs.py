@@ -21,7 +21,7 @@ from flax import nnx
 from jaxrl_agents.algos import AdvantageConfig, LossConfig
 from jaxrl_agents.chat import ChatFormat, load_tiny_tokenizer
 from jaxrl_agents.envs import ENVIRONMENTS
-from jaxrl_agents.generation import Engine, EngineConfig
+from jaxrl_agents.generation import Engine, EngineConfig, Sampling
 from jaxrl_agents.models import ModelConfig, Transformer
 from jaxrl_agents.rollout.collector import Collector
 from jaxrl_agents.rollout.orchestrator import RolloutConfig
@@ -70,9 +70,12 @@ def rollout_setup():
     chat = ChatFormat(load_tiny_tokenizer())
     model = _tiny_policy(len(chat.tokenizer))
     rollout = RolloutConfig(
-        group_size=2, max_turns=2, max_new_tokens=12, max_total_tokens=448,
-        temperature=TEMP, top_p=TOP_P,
-    )  # fmt: skip
+        group_size=2,
+        max_turns=2,
+        max_new_tokens=12,
+        max_total_tokens=448,
+        sampling=Sampling(temperature=TEMP, top_p=TOP_P),
+    )
     collector = Collector(chat=chat, env_factory=Calc, rollout=rollout, seq_buckets=(512,))
     engine = Engine(
         model,
@@ -256,11 +259,18 @@ def test_backward_does_not_rerun_the_threshold_search():
 
 def test_sampling_transform_from_rollout():
     assert SamplingTransform.from_rollout(RolloutConfig()) is None  # T=1, unfiltered
-    assert SamplingTransform.from_rollout(RolloutConfig(temperature=0.0, top_p=0.9)) is None
-    got = SamplingTransform.from_rollout(RolloutConfig(temperature=0.8, top_k=40, min_p=0.02))
+    assert (
+        SamplingTransform.from_rollout(RolloutConfig(sampling=Sampling(temperature=0.0, top_p=0.9)))
+        is None
+    )
+    got = SamplingTransform.from_rollout(
+        RolloutConfig(sampling=Sampling(temperature=0.8, top_k=40, min_p=0.02))
+    )
     assert got == SamplingTransform(temperature=0.8, top_k=40, min_p=0.02)
     assert hash(got) == hash(SamplingTransform(temperature=0.8, top_k=40, min_p=0.02))
-    assert SamplingTransform.from_rollout(RolloutConfig(top_p=0.95)).top_p == 0.95
+    assert (
+        SamplingTransform.from_rollout(RolloutConfig(sampling=Sampling(top_p=0.95))).top_p == 0.95
+    )
     with pytest.raises(ValueError, match="greedy"):
         SamplingTransform(temperature=0.0)
     with pytest.raises(ValueError, match="top_p"):

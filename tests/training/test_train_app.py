@@ -119,7 +119,7 @@ def test_bad_configs_fail_fast(tmp_path):
 def test_kill_and_resume_matches_uninterrupted(tmp_path):
     """kill -9 mid-RL, rerun the same command: it resumes and ends at the same parameters as an
     uninterrupted run (deterministic configuration: per-request sampling keys, fixed data order)."""
-    overrides = ["trainer.rl_steps=4", "trainer.eval_every=0", "trainer.export=true"]
+    overrides = ["trainer.rl.steps=4", "trainer.eval.every=0", "trainer.checkpoint.export=true"]
     ref = tmp_path / "ref"
     _train(ref, *overrides)
 
@@ -158,10 +158,10 @@ def test_overlap_and_kl_reference(tmp_path):
     run = tmp_path / "overlap"
     _train(
         run,
-        "trainer.off_policy_overlap=true",
-        "trainer.rl_steps=3",
-        "trainer.eval_every=0",
-        "trainer.export=false",
+        "trainer.rl.off_policy_overlap=true",
+        "trainer.rl.steps=3",
+        "trainer.eval.every=0",
+        "trainer.checkpoint.export=false",
         "loss.kl_coef=0.05",
     )
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
