@@ -56,9 +56,9 @@ class SFTSpec:
     ``copy_steps``, then a cosine decay over the rest of the ``steps``)."""
     copy_steps: int = 0
     """Of the ``steps``, how many come first on synthetic copy rows (random token runs, each
-    repeated at a random distance; ``training.copy_rows``) instead of golden data: they give a freshly
-    initialised model the in-context copy (an induction head) a pretrained checkpoint already
-    has. The tiny model forms it in ~500 steps (EXPERIMENTS.md). 0: none; leave 0 for a
+    repeated at a random distance; ``training.copy_rows``) instead of golden data: they give a
+    freshly initialised model the in-context copy (an induction head) a pretrained checkpoint
+    already has. The tiny model forms it in ~500 steps (EXPERIMENTS.md). 0: none; leave 0 for a
     checkpoint."""
     copy_batch: int = 32
     """Copy rows (of 64 tokens) per copy step."""
