@@ -110,7 +110,11 @@ class McpEnv(Env):
     # -- lifecycle ----------------------------------------------------------------------------
     async def reset(self, task: Task, *, seed: int = 0) -> EnvReset:
         await self.close()
-        await self._start()
+        try:
+            await self._start()
+        except asyncio.CancelledError:
+            self._abort()
+            raise
         return await super().reset(task, seed=seed)
 
     async def _start(self) -> None:
@@ -170,7 +174,11 @@ class McpEnv(Env):
     async def step(self, message: Message, tool_calls: list[ToolCall]) -> EnvStep:
         if self._fatal is not None:
             raise self._fatal
-        out = await super().step(message, tool_calls)
+        try:
+            out = await super().step(message, tool_calls)
+        except asyncio.CancelledError:  # the episode's task was cancelled: its end
+            self._abort()
+            raise
         if self._fatal is not None:  # a server died during this turn's calls
             await self._stop_dead()
             raise self._fatal
@@ -181,6 +189,12 @@ class McpEnv(Env):
         for conn in self.connections.values():
             if not conn.alive():
                 await conn.close()
+
+    def _abort(self) -> None:
+        """Kill the servers now, without awaiting anything (the episode's task is being
+        cancelled, and may never call ``close``); their clients' tasks wind down by themselves."""
+        for conn in self.connections.values():
+            conn.abort()
 
     async def close(self) -> None:
         """Stop every server (also after a failed start or a dead server); safe to repeat."""

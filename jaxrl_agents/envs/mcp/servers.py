@@ -208,6 +208,12 @@ class McpConnection:
         else:  # the SDK's shutdown ended the process
             _LIVE_GROUPS.discard(self.pid)
 
+    def abort(self) -> None:
+        """End the client's task and kill the server, without waiting (for a cancelled caller;
+        ``close`` still waits for the task when it is called)."""
+        self._stop.set()
+        self.kill()
+
     def kill(self) -> None:
         """SIGKILL the server's process group if it still runs (it has one of its own: the SDK
         starts stdio servers in a new session)."""
