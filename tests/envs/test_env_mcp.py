@@ -55,7 +55,12 @@ def wait(seconds: float) -> str:
 
 
 if __name__ == "__main__":
-    app.run()
+    import sys
+
+    if sys.argv[1:2] == ["--http"]:
+        app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        app.run()
 '''
 ROWS = [
     {
@@ -358,6 +363,46 @@ def test_a_server_that_cannot_start_raises_and_leaves_nothing(files, tmp_path):
     assert not env.connections and not leftover(files["server"])
 
 
+def test_a_server_that_does_not_answer_times_out_at_start(files, tmp_path):
+    silent = tmp_path / "silent.py"
+    silent.write_text("import time\ntime.sleep(60)\n")
+    env = McpEnv(
+        servers=[{"name": "silent", "command": "python", "args": [str(silent)]}],
+        start_timeout_s=1.0,
+    )
+    with pytest.raises(McpServerError, match="'silent' did not start within 1 s"):
+        asyncio.run(env.reset(heldout(files)[0]))
+    assert not leftover(silent)
+
+
+def test_streamable_http_server(files):
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(files["server"]), "--http", str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "no HTTP server"
+                time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}/mcp"
+        env = McpEnv(servers=[{"name": "web", "url": url}])
+        task = heldout(files)[0]
+        verdict, messages, _ = asyncio.run(drive(env, task, oracle_policy(task)))
+        assert verdict.success and messages[3]["content"] == "42", messages
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 # -- config errors ---------------------------------------------------------------------------------
 
 
@@ -399,8 +444,9 @@ def test_registered_with_its_scripted_policies():
 
     assert ENVIRONMENTS["mcp"] is McpEnv
     assert {"oracle", "wrong"} <= set(scripted_policies(McpEnv))
+    assert [s.name for s in McpEnv().specs] == ["demo"]  # the demo server by default
     with pytest.raises(ValueError, match="at least one MCP server"):
-        McpEnv()
+        McpEnv(servers=[])
 
 
 def test_the_guides_example_runs(tmp_path, monkeypatch):

@@ -1,9 +1,9 @@
 """The ``mcp`` env's demo: a lookup table and task rows for the tools of
 :mod:`jaxrl_agents.envs.mcp.demo_server` (``add(a, b)`` and ``lookup(key)``).
 
-``configs/env/mcp.yaml`` runs that server and, without ``env.tasks.tasks_file``, these tasks, so
-``jaxrl-eval env=mcp policies=[scripted:oracle]`` works out of the box. Kept free of the ``mcp``
-package so the env can read the rows without the SDK imported.
+``configs/env/mcp.yaml`` (and ``McpEnv()`` without ``servers``) runs that server and, without
+``env.tasks.tasks_file``, these tasks, so ``jaxrl-eval env=mcp policies=[scripted:oracle]`` works
+out of the box. Kept free of the ``mcp`` package so the env can read the rows without the SDK.
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ TABLE = {
     "plum": "96",
 }
 """``lookup``'s table: colour name -> code."""
+SERVERS = [
+    {"name": "demo", "command": "python", "args": ["-m", "jaxrl_agents.envs.mcp.demo_server"]}
+]
+"""``McpEnv``'s servers when none are given: the demo server, run by this interpreter."""
 
 
 def rows() -> tuple[dict[str, Any], ...]:

@@ -2,7 +2,8 @@
 
 * Options (``env.options``): ``servers``, a list of ``{name, command, args, env, cwd}`` (a stdio
   server, started as a child process) or ``{name, url}`` (a streamable HTTP server) entries
-  (:mod:`jaxrl_agents.envs.mcp.servers`); ``start_timeout_s``, how long a server may take to start
+  (:mod:`jaxrl_agents.envs.mcp.servers`; None: the demo server of
+  :mod:`jaxrl_agents.envs.mcp.demo`); ``start_timeout_s``, how long a server may take to start
   and list its tools; ``system_prompt``; ``server_log``, a file the stdio servers' stderr is
   appended to (default: this process's stderr).
 * Tasks (``env.tasks``): ``tasks_file``, a JSONL file of ``{id, prompt, answer, split?, oracle?}``
@@ -56,11 +57,11 @@ class McpEnv(Env):
     ):
         super().__init__(config=config, **env_kwargs)
         require_sdk()
+        servers = demo.SERVERS if servers is None else servers
         if not servers:
             raise ValueError(
-                "servers: at least one MCP server is needed, e.g. "
-                "[{name: demo, command: python, args: [-m, "
-                "jaxrl_agents.envs.mcp.demo_server]}]"
+                "servers: at least one MCP server is needed, e.g. [{name: demo, command: python, "
+                "args: [-m, jaxrl_agents.envs.mcp.demo_server]}]"
             )
         specs = [ServerSpec.parse(s, f"servers[{i}]") for i, s in enumerate(servers)]
         names = [s.name for s in specs]
@@ -121,7 +122,7 @@ class McpEnv(Env):
         """Start every server (concurrently), list their tools and build the tool box; a server
         that fails to start stops the others and raises."""
         if self.server_log is not None:
-            self._log = open(Path(self.server_log).expanduser(), "a", encoding="utf-8")  # noqa: SIM115
+            self._log = open(Path(self.server_log).expanduser(), "a", encoding="utf-8")
         conns = {
             s.name: McpConnection(s, start_timeout_s=self.start_timeout_s, errlog=self._log)
             for s in self.specs

@@ -157,16 +157,17 @@ class McpConnection:
         """The client's own task: connect, list the tools, then hold the connection until
         ``close``; the SDK's shutdown runs when the ``async with`` blocks are left."""
         try:
-            async with self._transport() as streams, ClientSession(streams[0], streams[1]) as s:
-                await s.initialize()
-                tools = await _list_tools(s)
-                self.session = s
-                if self.spec.command is not None:
+            async with self._transport() as streams:
+                if self.spec.command is not None:  # spawned: track it before anything can fail
                     self.pid = _child_with_token(self._token)
                     if self.pid is not None:
                         _LIVE_GROUPS.add(self.pid)
-                ready.set_result(tools)
-                await self._stop.wait()
+                async with ClientSession(streams[0], streams[1]) as s:
+                    await s.initialize()
+                    tools = await _list_tools(s)
+                    self.session = s
+                    ready.set_result(tools)
+                    await self._stop.wait()
         except BaseException as e:  # noqa: BLE001 - reported to start(), or the close ends it
             if not ready.done():
                 what = f"{type(e).__name__}: {_message(e)}"
@@ -197,16 +198,17 @@ class McpConnection:
         if task is None:
             return
         self._stop.set()
-        try:
-            async with asyncio.timeout(timeout_s):
-                await asyncio.shield(task)
+        if self.session is None and not task.done():  # still starting: nothing to wind down
+            self.kill()
+            task.cancel()
+        try:  # wait() leaves the task alone when this call is cancelled, and never raises its error
+            done, _ = await asyncio.wait({task}, timeout=timeout_s)
         except asyncio.CancelledError:
             self.kill()
             raise
-        except Exception:  # noqa: BLE001 - shutdown overran, or the client had failed
-            self.kill()
-        else:  # the SDK's shutdown ended the process
+        if done and not task.cancelled():  # the SDK's shutdown ended the process
             _LIVE_GROUPS.discard(self.pid)
+        self.kill()  # shutdown overran, or the client was cancelled while starting
 
     def abort(self) -> None:
         """End the client's task and kill the server, without waiting (for a cancelled caller;
