@@ -182,6 +182,7 @@ def test_colliding_tool_names_get_the_server_prefix(files):
         reset = await env.reset(heldout(files)[0])
         names = sorted(s["function"]["name"] for s in reset.tools)
         step = await env.step({"role": "assistant"}, [ToolCall("two__add", {"a": 1, "b": 2}, "c")])
+        assert env.routes["two__add"] == ("two", "add")
         await env.close()
         return names, step.messages[0]["content"]
 

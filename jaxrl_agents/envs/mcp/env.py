@@ -74,7 +74,8 @@ class McpEnv(Env):
         self.specs, self.start_timeout_s = specs, float(start_timeout_s)
         self.system_prompt_text, self.server_log = system_prompt, server_log
         self.connections: dict[str, McpConnection] = {}
-        self._routes: dict[str, tuple[str, str]] = {}  # tool name -> (server, MCP tool name)
+        self.routes: dict[str, tuple[str, str]] = {}
+        """Each tool name the model sees -> (server name, the server's tool name)."""
         self._fatal: McpServerError | None = None
         self._log: Any = None
 
@@ -133,7 +134,7 @@ class McpEnv(Env):
         if failed:
             await self.close()
             raise failed[0]
-        self.tools, self._routes = self._toolbox(dict(zip(conns, listed, strict=True)))
+        self.tools, self.routes = self._toolbox(dict(zip(conns, listed, strict=True)))
 
     def _toolbox(self, listed: dict[str, list[Any]]) -> tuple[ToolBox, dict[str, tuple[str, str]]]:
         counts: dict[str, int] = {}
