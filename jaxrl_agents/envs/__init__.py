@@ -1,4 +1,5 @@
-"""Async tool environments: the ``Env`` base class, ``@tool`` and the four built-in environments.
+"""Async tool environments: the ``Env`` base class, ``@tool`` and the built-in environments
+(calculator, sql, research, travel, and ``mcp``: the tools of MCP servers).
 
 ``make_env("calculator")`` or ``make_env("my_pkg.envs.MyEnv", tool_timeout_s=5)`` builds one
 episode's environment; ``ENVIRONMENTS`` maps registered names to classes and ``register_env``
@@ -15,6 +16,7 @@ from typing import Any
 
 from jaxrl_agents.envs.base import REPEATED_CALLS, Env, EnvConfig
 from jaxrl_agents.envs.calculator import CalculatorEnv
+from jaxrl_agents.envs.mcp import McpEnv
 from jaxrl_agents.envs.registry import register_scripted, scripted_policies, scripted_policy
 from jaxrl_agents.envs.research import ResearchEnv
 from jaxrl_agents.envs.sql import SqlEnv
@@ -22,7 +24,7 @@ from jaxrl_agents.envs.tools import Tool, ToolBox, ToolError, derive_tool, tool
 from jaxrl_agents.envs.travel import TravelEnv
 
 ENVIRONMENTS: dict[str, type[Env]] = {
-    cls.name: cls for cls in (CalculatorEnv, SqlEnv, ResearchEnv, TravelEnv)
+    cls.name: cls for cls in (CalculatorEnv, SqlEnv, ResearchEnv, TravelEnv, McpEnv)
 }
 
 
@@ -64,6 +66,7 @@ __all__ = [
     "CalculatorEnv",
     "Env",
     "EnvConfig",
+    "McpEnv",
     "ResearchEnv",
     "SqlEnv",
     "Tool",

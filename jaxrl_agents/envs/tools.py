@@ -210,7 +210,9 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
 
 
 def validate_arguments(parameters: dict[str, Any], args: Any) -> dict[str, Any]:
-    """Check ``args`` against an object schema of the subset :func:`derive_tool` generates.
+    """Check ``args`` against an object schema of the subset :func:`derive_tool` generates
+    (top-level names, required ones, and each value's JSON type, enum and list items). Keywords
+    beyond the subset (``anyOf``, nested properties, formats) pass here, for the tool to check.
 
     Returns the arguments with JSON-integral floats for ``integer`` params converted to ``int``.
     Raises :class:`ArgumentError` naming the offending parameter and what would be valid.
@@ -240,8 +242,8 @@ def _check(value: Any, schema: dict[str, Any], path: str) -> Any:
         "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
         "array": lambda v: isinstance(v, list),
         "object": lambda v: isinstance(v, dict),
-        None: lambda v: True,
-    }[kind]
+        "null": lambda v: v is None,
+    }.get(kind, lambda v: True)  # no type, or one beyond this subset (an MCP server's schema)
     if kind == "integer" and isinstance(value, float) and value.is_integer():
         value = int(value)
     if not ok(value):
