@@ -132,7 +132,7 @@ class EnvSpec(EnvConfig):
     golden data's overrides of both. Every dict is checked against the env class at start-up."""
 
     name: str = "calculator"
-    """A registered env name (calculator, sql, research, travel) or the import path of any
+    """A registered env name (calculator, sql, research, travel, mcp) or the import path of any
     ``Env`` subclass (``my_pkg.envs.MyEnv``)."""
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments of the env class beyond ``EnvConfig`` (e.g. sql's ``max_rows``)."""

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-ENVS = ["calculator", "sql", "research", "travel"]
+ENVS = ["calculator", "sql", "research", "travel", "mcp"]
+TASKS = {"mcp": 8}  # each mcp episode starts and stops its server (about a second)
 
 
 @pytest.mark.parametrize("env", ENVS)
@@ -17,7 +18,13 @@ def test_scripted_oracle_solves_heldout_on_env_defaults(env, tmp_path, monkeypat
     from jaxrl_agents.cli import eval as cli
 
     out = tmp_path / "eval"
-    argv = ["jaxrl-eval", "policies=[scripted:oracle]", f"env={env}", "tasks=40", f"out={out}"]
+    argv = [
+        "jaxrl-eval",
+        "policies=[scripted:oracle]",
+        f"env={env}",
+        f"tasks={TASKS.get(env, 40)}",
+        f"out={out}",
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     cli.main()
     data = json.loads((out / "report.json").read_text())
