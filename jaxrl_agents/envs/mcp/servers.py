@@ -21,20 +21,15 @@ import asyncio
 import atexit
 import contextlib
 import dataclasses
+import functools
 import os
 import shutil
 import signal
 import sys
+import types
 import uuid
 from pathlib import Path
 from typing import Any, TextIO
-
-try:  # the optional `mcp` extra; McpEnv's constructor says how to install it when missing
-    import mcp_types
-    from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
-    from mcp.client.streamable_http import streamable_http_client
-except ImportError:  # pragma: no cover - exercised only without the extra
-    mcp_types = None
 
 TOKEN_VAR = "JAXRL_MCP_SERVER_TOKEN"
 """Environment variable set, with a unique value, in each stdio server's environment: how the
@@ -47,12 +42,33 @@ class McpServerError(RuntimeError):
     """An MCP server failed to start, or died (its connection closed) during an episode."""
 
 
-def require_sdk() -> None:
-    """``ImportError`` with the install command when the ``mcp`` package is missing."""
-    if mcp_types is None:
+@functools.cache
+def sdk() -> types.SimpleNamespace:
+    """The MCP SDK's names this module uses, imported on first use: the optional ``mcp`` extra
+    costs about 0.5 s to import (it loads starlette, uvicorn, pydantic models), which every user of
+    ``jaxrl_agents.envs`` would otherwise pay. ``ImportError`` with the install command when the
+    package is missing."""
+    try:
+        import mcp_types
+        from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+    except ImportError as e:
         raise ImportError(
             "the mcp env needs the MCP Python SDK: pip install 'jaxrl-agents[mcp]' (mcp>=2)"
-        )
+        ) from e
+    return types.SimpleNamespace(
+        types=mcp_types,
+        ClientSession=ClientSession,
+        MCPError=MCPError,
+        StdioServerParameters=StdioServerParameters,
+        stdio_client=stdio_client,
+        streamable_http_client=streamable_http_client,
+    )
+
+
+def require_sdk() -> None:
+    """``ImportError`` with the install command when the ``mcp`` package is missing."""
+    sdk()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +178,7 @@ class McpConnection:
                     self.pid = _child_with_token(self._token)
                     if self.pid is not None:
                         _LIVE_GROUPS.add(self.pid)
-                async with ClientSession(streams[0], streams[1]) as s:
+                async with sdk().ClientSession(streams[0], streams[1]) as s:
                     await s.initialize()
                     tools = await _list_tools(s)
                     self.session = s
@@ -182,14 +198,14 @@ class McpConnection:
     def _transport(self) -> Any:
         spec = self.spec
         if spec.url is not None:
-            return streamable_http_client(spec.url)
-        params = StdioServerParameters(
+            return sdk().streamable_http_client(spec.url)
+        params = sdk().StdioServerParameters(
             command=spec.command,
             args=list(spec.args),
             env={**dict(spec.env), TOKEN_VAR: self._token},
             cwd=spec.cwd,
         )
-        return stdio_client(params, errlog=self.errlog or sys.__stderr__)
+        return sdk().stdio_client(params, errlog=self.errlog or sys.__stderr__)
 
     async def close(self, timeout_s: float = 10.0) -> None:
         """Stop the client (the SDK closes the server's stdin, then terminates it) and make sure
@@ -240,8 +256,8 @@ class McpConnection:
             raise McpServerError(self._dead_message())
         try:
             return await session.call_tool(name, arguments)
-        except MCPError as e:
-            if e.code == mcp_types.CONNECTION_CLOSED or not self.alive():
+        except sdk().MCPError as e:
+            if e.code == sdk().types.CONNECTION_CLOSED or not self.alive():
                 raise McpServerError(self._dead_message()) from e
             raise
         except Exception as e:
@@ -259,7 +275,7 @@ async def _list_tools(session: Any) -> list[Any]:
     result = await session.list_tools()
     tools = list(result.tools)
     while result.next_cursor:
-        params = mcp_types.PaginatedRequestParams(cursor=result.next_cursor)
+        params = sdk().types.PaginatedRequestParams(cursor=result.next_cursor)
         result = await session.list_tools(params=params)
         tools.extend(result.tools)
     return tools
