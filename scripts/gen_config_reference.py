@@ -374,7 +374,7 @@ def job_section(title: str, intro: str, cls: type, groups: dict[str, str], used:
 
 
 def render() -> str:
-    from jaxrl_agents.jobs.config import EvalConfig, ExportConfig, RunConfig
+    from jaxrl_agents.jobs.config import EvalConfig, ExportConfig, RunConfig, ServeConfig
 
     used: set[str] = set()
     choices = default_choices(CONFIGS / "config.yaml")
@@ -414,6 +414,16 @@ def render() -> str:
             "Class `jaxrl_agents.jobs.config.ExportConfig` (primary config `configs/export.yaml`): "
             "a run's checkpoint to a Hugging Face folder.",
             ExportConfig,
+            anchors,
+            used,
+        )
+    )
+    parts.append(
+        job_section(
+            "`jaxrl-serve`",
+            "Class `jaxrl_agents.jobs.config.ServeConfig` (primary config `configs/serve.yaml`). "
+            + prose(ServeConfig.__doc__.split("\n", 1)[1]),
+            ServeConfig,
             anchors,
             used,
         )

@@ -105,7 +105,12 @@ def bash_commands(text: str) -> list[tuple[list[str], str | None]]:
     return out
 
 
-JOBS = {"jaxrl-train": "config", "jaxrl-eval": "eval", "jaxrl-export": "export"}
+JOBS = {
+    "jaxrl-train": "config",
+    "jaxrl-eval": "eval",
+    "jaxrl-export": "export",
+    "jaxrl-serve": "serve",
+}
 """The entry points whose commands are composed, and their primary configs."""
 
 
@@ -123,12 +128,13 @@ def compose_command(argv: list[str]) -> list:
     from jaxrl_agents.cli.app import compose
     from jaxrl_agents.cli.eval import to_eval_config
     from jaxrl_agents.cli.train import to_run_config
-    from jaxrl_agents.jobs.config import ExportConfig, from_tree
+    from jaxrl_agents.jobs.config import ExportConfig, ServeConfig, from_tree
 
     build = {
         "jaxrl-train": to_run_config,
         "jaxrl-eval": to_eval_config,
         "jaxrl-export": lambda tree: from_tree(ExportConfig, tree),
+        "jaxrl-serve": lambda tree: from_tree(ServeConfig, tree),
     }[program(argv)]
     args, overrides, multirun = list(argv[1:]), [], False
     while args:

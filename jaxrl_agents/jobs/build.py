@@ -324,6 +324,26 @@ def generation_defaults(rollout: RolloutConfig) -> dict[str, Any]:
     return out
 
 
+def build_collector(**kwargs: Any) -> Collector:
+    """The rollout collector: the built-in episode loop, or ``rollout.agent``'s agent function
+    (``serve.agent_collector.AgentCollector``) when it names one. ``kwargs``: the
+    :class:`Collector` fields."""
+    path = kwargs["rollout"].agent
+    if path is None:
+        return Collector(**kwargs)
+    try:  # the optional `serve` extra (starlette, uvicorn, openai): imported only when asked for
+        from jaxrl_agents.serve.agent_collector import AgentCollector, resolve_agent
+    except ImportError as e:
+        raise ConfigError(
+            f"rollout.agent={path!r} needs the serve extra: pip install 'jaxrl-agents[serve]' ({e})"
+        ) from e
+    try:
+        agent = resolve_agent(path)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    return AgentCollector(agent=agent, **kwargs)
+
+
 def build_reward(cfg: RewardConfig) -> RewardComposer:
     return RewardComposer(cfg)
 

@@ -35,6 +35,7 @@ from jaxrl_agents.jobs.errors import ConfigError, JobAborted  # noqa: F401 (re-e
 from jaxrl_agents.jobs.trainer_spec import TrainerSpec
 from jaxrl_agents.rewards import RewardConfig
 from jaxrl_agents.rollout.orchestrator import RolloutConfig
+from jaxrl_agents.serve.episodes import ServeLimits
 from jaxrl_agents.training.step import OptimizerConfig
 
 
@@ -269,4 +270,49 @@ class ExportConfig:
             raise ValueError(f"dtype={self.dtype!r}: expected bfloat16, float32 or float16")
 
 
-JOB_CONFIGS: dict[str, type] = {"train": RunConfig, "eval": EvalConfig, "export": ExportConfig}
+@dataclasses.dataclass
+class ServeConfig:
+    """``jaxrl-serve``: an OpenAI-compatible endpoint over one policy (``jaxrl_agents.serve``).
+
+    The policy is a ``jaxrl-train`` run folder (``run``) or, without one, the ``model`` group's
+    model (default: the demo's tiny model; ``model=smollm2`` or ``model.path=<HF folder or GGUF
+    file>`` for a checkpoint). A request without an episode key is served as plain inference; the
+    trainer's episodes (exact token capture) are opened through the Python API."""
+
+    run: str | None = None
+    """A run folder, optionally with ``@latest`` (default), ``@best``, ``@sft`` or ``@<step>`` as
+    in ``jaxrl-eval``; its chat settings apply (the ``chat`` group overlays the ones it sets)."""
+    model: ModelSpec = dataclasses.field(default_factory=ModelSpec)
+    """The model served when ``run`` is null."""
+    chat: ChatSpec = dataclasses.field(default_factory=ChatSpec)
+    sampler: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    limits: ServeLimits = dataclasses.field(default_factory=ServeLimits)
+    """Bounds on one request (a 4xx naming the limit past one)."""
+    host: str = "127.0.0.1"
+    """Where to listen. Any other than a loopback address needs ``api_key``."""
+    port: int = 8000
+    """0: any free port (the ``ready_file`` and the start-up line say which)."""
+    api_key: str | None = None
+    """Bearer key every request must send (``Authorization: Bearer <api_key>``)."""
+    model_name: str | None = None
+    """The model id ``/v1/models`` lists; null: the run folder's or the checkpoint's name."""
+    seed: int = 0
+    """Seeds a fresh ``model`` (and the default sampling seeds of requests without one)."""
+    ready_file: str | None = None
+    """Written with the base URL once the server accepts requests (scripts wait on it)."""
+    max_seconds: float | None = None
+    """Stop after this long (null: until interrupted)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port={self.port}: expected 0 (any free port) to 65535")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ValueError(f"max_seconds={self.max_seconds}: expected > 0 or null")
+
+
+JOB_CONFIGS: dict[str, type] = {
+    "train": RunConfig,
+    "eval": EvalConfig,
+    "export": ExportConfig,
+    "serve": ServeConfig,
+}

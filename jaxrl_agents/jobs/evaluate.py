@@ -25,6 +25,7 @@ from jaxrl_agents.evaluation.summary import summarize
 from jaxrl_agents.jobs.build import (
     EnvBinding,
     build_chat,
+    build_collector,
     build_engine,
     build_reward,
     check_oracle_limits,
@@ -71,20 +72,27 @@ def resolve_setup(cfg: EvalConfig, specs: Sequence[PolicySpec]) -> Setup:
 
 
 def _collector(chat: Any, setup: Setup, cfg: EvalConfig) -> Collector:
-    return Collector(chat=chat, env_factory=setup.env.factory, rollout=cfg.rollout,
-                     reward=setup.reward)  # fmt: skip
+    return build_collector(
+        chat=chat, env_factory=setup.env.factory, rollout=cfg.rollout, reward=setup.reward
+    )
 
 
 async def _rollouts(engine: Any, chat: Any, setup: Setup, cfg: EvalConfig) -> list[Trajectory]:
     """Every task x ``samples`` scored episodes (greedy when ``samples == 1``)."""
     collector = _collector(chat, setup, cfg)
-    orch = collector.orchestrator(engine, greedy=cfg.samples == 1, group_size=cfg.samples)
-    trajs = await orch.run(setup.tasks, group_size=cfg.samples, seed=cfg.seed)
-    await collector.score(trajs)
-    return trajs
+    roll = await collector.collect(
+        engine,
+        setup.tasks,
+        group_size=cfg.samples,
+        seed=cfg.seed,
+        greedy=cfg.samples == 1,
+        even=False,
+    )
+    await collector.score(roll.trajectories)
+    return roll.trajectories
 
 
-def _load_run(spec: PolicySpec, step: int | None = None):
+def load_run(spec: PolicySpec, step: int | None = None):
     """``(model, tokenizer, meta, global step)`` of a run checkpoint selected by ``spec``."""
     latest, best, sft = kept_steps(spec.path, ("latest", "best", "sft"))
     which, want = spec.which, step if step is not None else spec.step
@@ -163,7 +171,7 @@ def evaluate_policy(spec: PolicySpec, setup: Setup, cfg: EvalConfig) -> list[Tra
 
         model, _ = load_pretrained(spec.path, tokenizer=False)
     else:
-        model, _, _, _ = _load_run(spec)
+        model, _, _, _ = load_run(spec)
     return asyncio.run(_evaluate_model(model, chat, setup, cfg))
 
 
@@ -181,12 +189,12 @@ def select_snapshot(
     chat = policy_chat(spec, cfg)
 
     async def all_steps() -> dict[int, list[Trajectory]]:
-        model, _, _, _ = _load_run(spec, steps[0])
+        model, _, _, _ = load_run(spec, steps[0])
         out: dict[int, list[Trajectory]] = {}
         async with build_engine(model, cfg.sampler) as engine:
             for i, step in enumerate(steps):
                 if i:  # same architecture: swap weights, no recompilation
-                    engine.update_weights(_load_run(spec, step)[0])
+                    engine.update_weights(load_run(spec, step)[0])
                 out[step] = await _rollouts(engine, chat, setup, cfg)
         return out
 

@@ -24,6 +24,7 @@ from jaxrl_agents.generation import Engine
 from jaxrl_agents.jobs.build import (
     EnvBinding,
     build_chat,
+    build_collector,
     build_engine,
     build_policy,
     build_reward,
@@ -286,7 +287,7 @@ def build_train(cfg: RunConfig) -> TrainSystem:
     model = build_policy(cfg, vocab_size=len(tokenizer), mesh=mesh)
     graphdef, _, rest = split_params(model)
     reward = build_reward(cfg.reward)
-    collector = Collector(
+    collector = build_collector(
         chat=chat,
         env_factory=env.factory,
         rollout=cfg.rollout,

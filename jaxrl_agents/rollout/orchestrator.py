@@ -58,6 +58,12 @@ class RolloutConfig:
     """Temperature and filters of training rollouts (and of ``jaxrl-eval`` with ``samples > 1``,
     e.g. ``rollout.sampling.temperature=0.7``); held-out evaluation with one sample per task is
     greedy."""
+    agent: str | None = None
+    """An agent function in place of the built-in episode loop: the import path
+    (``package.module:function``) of an ``async (client, task) -> final answer`` that talks to
+    the policy through an ``openai.AsyncOpenAI`` client (``jaxrl_agents.serve.agent_collector``;
+    needs the ``serve`` extra). Training and evaluation use it; ``max_turns`` is then the agent's
+    own business."""
 
     def __post_init__(self) -> None:
         for name in (

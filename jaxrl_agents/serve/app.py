@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from jaxrl_agents.generation.config import SamplingParams
+from jaxrl_agents.generation.config import Sampling, SamplingParams
 from jaxrl_agents.rollout.orchestrator import episode_seed
 from jaxrl_agents.serve.episodes import Choice, EpisodeStore
 from jaxrl_agents.serve.messages import BadRequest, openai_message
@@ -38,10 +38,21 @@ EPISODE_HEADER = "X-Episode-Id"
 
 
 def make_app(
-    store: EpisodeStore, *, api_key: str | None = None, model_name: str = "policy"
+    store: EpisodeStore,
+    *,
+    api_key: str | None = None,
+    model_name: str = "policy",
+    auto_episodes: bool = False,
+    sampling: Sampling | None = None,
 ) -> Starlette:
     """The app serving ``store``'s episodes; with ``api_key`` every route requires
-    ``Authorization: Bearer <api_key>``."""
+    ``Authorization: Bearer <api_key>``. ``auto_episodes``: a request without an episode key is
+    served as a one-request episode of its own, opened and closed around it (plain inference,
+    nothing kept: what ``jaxrl-serve`` does for clients outside training); a request naming an
+    unknown key is still a 404. ``sampling``: the distribution every request samples from,
+    whatever it asks (training: the rollout group's settings, which the update's log-probs
+    assume; evaluation: greedy); None: the request's ``temperature`` / ``top_p`` / ``top_k`` /
+    ``min_p``."""
 
     async def models(request: Request) -> JSONResponse:
         try:
@@ -56,11 +67,19 @@ def make_app(
             _check_auth(request, api_key)
             body = await _read_json(request, store.limits.max_body_bytes)
             key = request.headers.get(EPISODE_HEADER) or body.get("episode_id")
+            if not key and auto_episodes:
+                key = store.open()
+                try:
+                    ep = store.lookup(key)
+                    async with ep.lock:
+                        return JSONResponse(await _complete(store, ep, body, model_name, sampling))
+                finally:
+                    await store.close(key)
             ep = store.lookup(key if isinstance(key, str) else None)
             if ep.lock.locked():
                 raise BadRequest(f"episode {ep.key!r} has a request in flight", status=409)
             async with ep.lock:
-                return JSONResponse(await _complete(store, ep, body, model_name))
+                return JSONResponse(await _complete(store, ep, body, model_name, sampling))
         except BadRequest as e:
             return _error(e)
         except Exception as e:  # noqa: BLE001 - the engine failed this request: say so as JSON
@@ -75,7 +94,9 @@ def make_app(
     return app
 
 
-async def _complete(store: EpisodeStore, ep: Any, body: dict, model_name: str) -> dict:
+async def _complete(
+    store: EpisodeStore, ep: Any, body: dict, model_name: str, sampling: Sampling | None = None
+) -> dict:
     """One chat completion of episode ``ep``: validate, record the messages, sample, respond."""
     lim, chat = store.limits, store.chat
     messages, tools = body.get("messages"), body.get("tools") or []
@@ -120,12 +141,18 @@ async def _complete(store: EpisodeStore, ep: Any, body: dict, model_name: str) -
             param="messages",
         )
     try:
+        dist = sampling or Sampling(
+            temperature=float(body.get("temperature", 1.0)),
+            top_p=float(body.get("top_p", 1.0)),
+            top_k=_int(body, "top_k", 0),
+            min_p=float(body.get("min_p", 0.0)),
+        )
         params = [
             SamplingParams(
-                temperature=float(body.get("temperature", 1.0)),
-                top_p=float(body.get("top_p", 1.0)),
-                top_k=_int(body, "top_k", 0),
-                min_p=float(body.get("min_p", 0.0)),
+                temperature=dist.temperature,
+                top_p=dist.top_p,
+                top_k=dist.top_k,
+                min_p=dist.min_p,
                 max_new_tokens=min(max_tokens, room),
                 stop_token_ids=tuple(chat.stop_token_ids),
                 stop_sequences=stops,

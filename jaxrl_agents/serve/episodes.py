@@ -42,7 +42,7 @@ from jaxrl_agents.serve.messages import BadRequest, canonical, served_message, t
 from jaxrl_agents.types import EndReason, Message, Task, ToolCall, ToolResult, Turn
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class ServeLimits:
     """Bounds on what one request may ask; past one: a 4xx naming the limit and the value."""
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import uvicorn
 
+from jaxrl_agents.generation.config import Sampling
 from jaxrl_agents.serve.app import make_app
 from jaxrl_agents.serve.episodes import EpisodeRecord, EpisodeStore, ServeLimits
 from jaxrl_agents.types import Task
@@ -57,6 +58,9 @@ class Server:
       api_key: required bearer key (needed for a non-loopback host).
       limits: request bounds (:class:`ServeLimits`).
       model_name: the one model ``/v1/models`` lists and responses name.
+      auto_episodes: serve a request without an episode key as a one-request episode (plain
+        inference, nothing recorded; see :func:`~jaxrl_agents.serve.app.make_app`).
+      sampling: the distribution every request samples from (None: each request's own).
     """
 
     def __init__(
@@ -69,11 +73,19 @@ class Server:
         api_key: str | None = None,
         limits: ServeLimits | None = None,
         model_name: str = "policy",
+        auto_episodes: bool = False,
+        sampling: Sampling | None = None,
     ):
         check_bind(host, api_key)
         self.host, self.api_key, self.model_name = host, api_key, model_name
         self.store = EpisodeStore(engine, chat, limits)
-        self.app = make_app(self.store, api_key=api_key, model_name=model_name)
+        self.app = make_app(
+            self.store,
+            api_key=api_key,
+            model_name=model_name,
+            auto_episodes=auto_episodes,
+            sampling=sampling,
+        )
         self._port = port
         self._uvicorn: uvicorn.Server | None = None
         self._task: asyncio.Task | None = None

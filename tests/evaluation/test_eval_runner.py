@@ -92,13 +92,13 @@ def tiny_run(tmp_path_factory):
 
 def test_snapshot_selection_over_real_checkpoints(tiny_run):
     from jaxrl_agents.generation import EngineConfig
-    from jaxrl_agents.jobs.evaluate import _load_run
+    from jaxrl_agents.jobs.evaluate import load_run
     from jaxrl_agents.jobs.restore import kept_steps
     from jaxrl_agents.rollout.orchestrator import RolloutConfig
 
     latest, best = kept_steps(tiny_run)
     assert (latest, best) == ([8, 12], [4])
-    assert _load_run(PolicySpec.parse(f"{tiny_run}@sft"))[3] == 4  # found in best/
+    assert load_run(PolicySpec.parse(f"{tiny_run}@sft"))[3] == 4  # found in best/
     cfg = EvalConfig(
         tasks=1, rollout=RolloutConfig(max_turns=1, max_new_tokens=6, max_total_tokens=256),
         sampler=EngineConfig(max_slots=2, max_seq_len=256, prefill_buckets=(256,),

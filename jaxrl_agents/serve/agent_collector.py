@@ -1,0 +1,106 @@
+"""``rollout.agent``: an agent function in place of the built-in episode loop, for training and
+evaluation alike.
+
+:class:`AgentCollector` is the :class:`~jaxrl_agents.rollout.Collector` the jobs build when
+``rollout.agent`` names an async function ``(client, task) -> final answer``. Each
+:meth:`~AgentCollector.collect` serves the engine through a :class:`Server` on a free loopback
+port for the duration of the call and runs the agent episodes with :func:`run_agents`: the
+trajectories hold the exact sampled ids (token capture), the env judges each final answer
+(:func:`env_judge`), and scoring, packing and the update work on them unchanged. Sampling is the
+collector's, not the agent's: training samples with the ``rollout.sampling`` settings the update's
+log-probs assume, evaluation greedily, whatever ``temperature`` the agent sends. The rollout
+limits bound each request (``max_new_tokens``) and each recorded segment
+(``max_total_tokens``); ``episode_timeout_s`` ends an agent that hangs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jaxrl_agents import distributed as D
+from jaxrl_agents.generation.config import Sampling
+from jaxrl_agents.rollout.collector import Collector, Rollout
+from jaxrl_agents.serve.agent_rollout import env_judge, run_agents
+from jaxrl_agents.serve.episodes import ServeLimits
+from jaxrl_agents.serve.server import Server
+from jaxrl_agents.types import Task
+
+for _name in ("httpx", "httpx2", "openai"):  # one INFO line per request otherwise (Hydra's root)
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+
+def resolve_agent(path: str) -> Callable[..., Any]:
+    """The async agent function ``pkg.module:function`` (or ``pkg.module.function``); a
+    ``ValueError`` naming ``rollout.agent`` and what is wrong otherwise."""
+    module, sep, name = path.partition(":")
+    if not sep:
+        module, _, name = path.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(
+            f"rollout.agent={path!r}: cannot import it ({type(e).__name__}: {e}); expected "
+            "'package.module:function', an async function (client, task) -> answer"
+        ) from e
+    if not inspect.iscoroutinefunction(fn):
+        raise ValueError(
+            f"rollout.agent={path!r} is not an async function; expected async def "
+            "agent(client, task) -> answer"
+        )
+    if len(inspect.signature(fn).parameters) < 2:
+        raise ValueError(f"rollout.agent={path!r} must take (client, task)")
+    return fn
+
+
+@dataclasses.dataclass
+class AgentCollector(Collector):
+    """A :class:`Collector` whose episodes are ``agent``'s (see the module docstring)."""
+
+    agent: Callable[..., Any] | None = None
+
+    def limits(self) -> ServeLimits:
+        r = self.rollout
+        return ServeLimits(
+            max_tokens=r.max_new_tokens,
+            default_max_tokens=r.max_new_tokens,
+            max_segment_tokens=r.max_total_tokens,
+        )
+
+    async def collect(
+        self,
+        engine: Any,
+        tasks: Sequence[Task],
+        *,
+        group_size: int,
+        seed: int,
+        version: int = 0,
+        greedy: bool = False,
+        even: bool = True,
+    ) -> Rollout:
+        """This process's share of ``tasks`` x ``group_size`` agent episodes (as
+        :meth:`Collector.collect`)."""
+        if self.agent is None:
+            raise ValueError("AgentCollector needs an agent function")
+        share = D.even_share(len(tasks), "tasks") if even else D.uneven_share(len(tasks))
+        sampling = Sampling(temperature=0.0) if greedy else self.rollout.sampling
+        t = time.perf_counter()
+        server = Server(engine, self.chat, limits=self.limits(), sampling=sampling)
+        async with server:
+            runs = await run_agents(
+                server,
+                self.agent,
+                list(tasks)[share],
+                group_size=group_size,
+                timeout_s=self.rollout.episode_timeout_s,
+                concurrency=self.rollout.concurrency,
+                seed=seed,
+                verify=env_judge(self.env_factory),
+                policy_version=version,
+            )
+        return Rollout([r.trajectory for r in runs], share.start, time.perf_counter() - t)
