@@ -324,8 +324,9 @@ def generation_defaults(rollout: RolloutConfig) -> dict[str, Any]:
     return out
 
 
-def build_reward(cfg: RewardConfig) -> RewardComposer:
-    return RewardComposer(cfg)
+def build_reward(cfg: RewardConfig, judges: dict[str, Any] | None = None) -> RewardComposer:
+    """The reward composer; ``judges``: judges by name for the ``judge`` terms (a model judge)."""
+    return RewardComposer(cfg, judges=judges)
 
 
 async def check_oracle_limits(

@@ -33,6 +33,7 @@ from jaxrl_agents.jobs.build import (
     uses_critic,
 )
 from jaxrl_agents.jobs.config import ConfigError, RunConfig, TrainerSpec
+from jaxrl_agents.jobs.judge import JudgeRuntime, build_judge, check_judge
 from jaxrl_agents.jobs.restore import check_sft_source
 from jaxrl_agents.models import Transformer
 from jaxrl_agents.models.gguf import VALID, GGUFError, is_gguf, resolve_gguf
@@ -64,6 +65,9 @@ class TrainSystem:
     loss: LossConfig
     """The policy loss as trained (``cfg.loss`` with derived defaults filled in, see
     :func:`effective_loss`)."""
+    judge: JudgeRuntime | None = None
+    """The model judge (``judge.enabled``), registered with ``reward`` as ``judge.name``; its
+    engine runs with the job (``jobs.judge.start_judge``)."""
     _sampler_rest: nnx.State | None = dataclasses.field(default=None, repr=False)
 
     @property
@@ -169,6 +173,7 @@ def check_run(cfg: RunConfig, env: EnvBinding) -> None:
             f"{cfg.sampler.max_seq_len} (the engine's per-session context); raise "
             "sampler.max_seq_len or lower rollout.max_total_tokens"
         )
+    check_judge(cfg)
 
 
 def pretrained_warning(cfg: RunConfig) -> str | None:
@@ -285,7 +290,8 @@ def build_train(cfg: RunConfig) -> TrainSystem:
     tokenizer = chat.tokenizer
     model = build_policy(cfg, vocab_size=len(tokenizer), mesh=mesh)
     graphdef, _, rest = split_params(model)
-    reward = build_reward(cfg.reward)
+    judge = build_judge(cfg, chat)
+    reward = build_reward(cfg.reward, {judge.spec.name: judge.judge} if judge else None)
     collector = Collector(
         chat=chat,
         env_factory=env.factory,
@@ -307,4 +313,5 @@ def build_train(cfg: RunConfig) -> TrainSystem:
         reward,
         collector,
         effective_loss(cfg.loss, cfg.rollout),
+        judge,
     )
