@@ -189,17 +189,21 @@ class ModelJudge:
         if over <= 0:
             return ids
         toks = self.chat.encode_plain(body)
-        keep = len(toks) - over - 16  # room for the cut marker's own tokens
-        if keep < 32:
-            raise JudgmentError(
-                f"the judge prompt's template and rubric take {len(ids) - len(toks)} of "
-                f"max_prompt_tokens={self.max_prompt_tokens}: raise it or shorten the rubric"
-            )
         decode = self.chat.tokenizer.decode
-        head, tail = toks[: keep // 2], toks[len(toks) - (keep - keep // 2) :]
-        cut = f"{decode(head)}\n[... {len(toks) - keep} tokens cut ...]\n{decode(tail)}"
-        ids = self.chat.prompt_ids(self.messages(cut), None)
-        return ids[: self.max_prompt_tokens] if len(ids) > self.max_prompt_tokens else ids
+        for _ in range(4):  # decoding and re-encoding a cut can shift a few tokens: shrink again
+            keep = len(toks) - over - 16  # room for the cut marker's own tokens
+            if keep < 32:
+                raise JudgmentError(
+                    f"the judge prompt's template and rubric take {len(ids) - len(toks)} of "
+                    f"max_prompt_tokens={self.max_prompt_tokens}: raise it or shorten the rubric"
+                )
+            head, tail = toks[: keep // 2], toks[len(toks) - (keep - keep // 2) :]
+            cut = f"{decode(head)}\n[... {len(toks) - keep} tokens cut ...]\n{decode(tail)}"
+            cut_ids = self.chat.prompt_ids(self.messages(cut), None)
+            if len(cut_ids) <= self.max_prompt_tokens:
+                return cut_ids
+            over += len(cut_ids) - self.max_prompt_tokens
+        raise JudgmentError(f"cannot cut the episode to max_prompt_tokens={self.max_prompt_tokens}")
 
     # -- judging ---------------------------------------------------------------------------------
     async def __call__(self, traj: Trajectory) -> float:
@@ -231,7 +235,10 @@ class ModelJudge:
         try:
             text = await self._sample(ids)
         except BaseException as e:
-            future.set_exception(e)
+            # A request sharing this judgment gets an error of its own, never this one's
+            # cancellation (e.g. its ``timeout_s``), which would cancel its caller's task.
+            shared = e if isinstance(e, Exception) else RuntimeError(f"judgment cancelled: {e!r}")
+            future.set_exception(shared)
             future.exception()  # retrieved: no "never retrieved" warning without waiters
             raise
         finally:

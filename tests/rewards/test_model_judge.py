@@ -154,6 +154,21 @@ def test_concurrent_identical_requests_share_one_sample(chat):
     assert len(grader.prompts) == 1 and judge.stats.cache_hits == 3
 
 
+def test_a_timed_out_shared_judgment_is_an_error_of_the_sharers_not_their_cancellation(chat):
+    grader = Grader({"q": "SCORE: 2"})
+    judge = ModelJudge(chat, ScriptedEngine(chat, policy=grader, latency_s=0.5))
+
+    async def race():
+        first = asyncio.ensure_future(asyncio.wait_for(judge(episode("q", "x")), 0.05))
+        await asyncio.sleep(0.01)  # the first is sampling: the second shares its judgment
+        second = asyncio.ensure_future(judge(episode("q", "x")))
+        return await asyncio.gather(first, second, return_exceptions=True)
+
+    first, second = asyncio.run(race())
+    assert isinstance(first, TimeoutError)
+    assert isinstance(second, RuntimeError) and "cancelled" in str(second)
+
+
 def test_without_cache_every_request_is_sampled(chat):
     judge, grader = judged(chat, {"q": "SCORE: 1"}, cache=False)
     asyncio.run(judge(episode("q", "x")))
