@@ -1,9 +1,10 @@
 """The composition root of the training job: :func:`build_train` turns a :class:`RunConfig` into
 a :class:`TrainSystem` — tokenizer and chat format, the policy and its shardings, the sampler view
-of its weights, the env binding, the reward composer and the rollout collector. Every cross-group
-check runs first (:func:`check_run`), before anything compiles, and raises :class:`ConfigError`
-naming the dotted key. The components come from the builders of ``jobs.build``, which the eval
-and export jobs use too, so there is one way to make each thing.
+of its weights, the env binding, the reward composer (with the model judge of ``jobs.judge``,
+if any) and the rollout collector. Every cross-group check runs first (:func:`check_run`), before
+anything compiles, and raises :class:`ConfigError` naming the dotted key. The components come
+from the builders of ``jobs.build``, which the eval and export jobs use too, so there is one way
+to make each thing.
 """
 
 from __future__ import annotations
