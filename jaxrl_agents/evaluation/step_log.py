@@ -31,6 +31,10 @@ class StepRecord:
     """The sampler engine's compilations so far (0 for an engine without the count)."""
     version: int
     """The policy version the update trains (``trainer.sft.steps`` + the RL step)."""
+    judge: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """This process's model-judge counts since the previous row (``judge/calls``,
+    ``judge/cache_hits``, ``judge/errors``, ``judge/s``); the row sums them over processes. Empty
+    without a model judge."""
 
 
 def step_row(rec: StepRecord) -> dict[str, Any]:
@@ -55,4 +59,14 @@ def step_row(rec: StepRecord) -> dict[str, Any]:
         "staleness": float(np.mean([rec.version - t.policy_version for t in everyone])),
         "compiles": rec.compiles,
         **{k: float(np.asarray(v)) for k, v in rec.metrics.items()},
+        **_summed(rec.judge),
     }
+
+
+def _summed(counts: Mapping[str, float]) -> dict[str, float]:
+    """Per-process counts summed over every process (a collective when there are any)."""
+    if not counts:
+        return {}
+    keys = sorted(counts)
+    total = D.gather_rows(np.array([float(counts[k]) for k in keys])).reshape(-1, len(keys))
+    return dict(zip(keys, (float(x) for x in total.sum(0)), strict=True))

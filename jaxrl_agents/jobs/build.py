@@ -344,8 +344,9 @@ def build_collector(**kwargs: Any) -> Collector:
     return AgentCollector(agent=agent, **kwargs)
 
 
-def build_reward(cfg: RewardConfig) -> RewardComposer:
-    return RewardComposer(cfg)
+def build_reward(cfg: RewardConfig, judges: dict[str, Any] | None = None) -> RewardComposer:
+    """The reward composer; ``judges``: judges by name for the ``judge`` terms (a model judge)."""
+    return RewardComposer(cfg, judges=judges)
 
 
 async def check_oracle_limits(

@@ -34,6 +34,7 @@ from jaxrl_agents.jobs.config_tree import (  # noqa: F401 (the job configs' buil
 from jaxrl_agents.jobs.errors import ConfigError, JobAborted  # noqa: F401 (re-exported)
 from jaxrl_agents.jobs.trainer_spec import TrainerSpec
 from jaxrl_agents.rewards import RewardConfig
+from jaxrl_agents.rollout.model_judge import DEFAULT_RUBRIC
 from jaxrl_agents.rollout.orchestrator import RolloutConfig
 from jaxrl_agents.serve.episodes import ServeLimits
 from jaxrl_agents.training.step import OptimizerConfig
@@ -170,6 +171,45 @@ class MeshSpec:
 
 
 @dataclasses.dataclass
+class JudgeSpec:
+    """A judge that is a model (``rollout.model_judge.ModelJudge``), scoring episodes for a
+    ``judge`` reward term whose ``params.name`` is ``name`` (e.g. ``reward=judged``)."""
+
+    enabled: bool = False
+    """Build the judge model and its engine and register it as ``name``."""
+    name: str = "model"
+    """The name the ``judge`` reward term refers to (its ``params.name``)."""
+    model: str = "reference"
+    """``reference``: the policy's weights at RL start, in a second engine never updated; or a
+    local Hugging Face folder, a ``.gguf`` file or ``smollm2`` (its own chat template)."""
+    rubric: str = DEFAULT_RUBRIC
+    """What a good episode is, in words; the prompt adds the episode and the score format."""
+    on: str = "answer"
+    """``answer``: the task and the final answer; ``trajectory``: the whole episode (turns, tool
+    calls and results), cut to ``max_prompt_tokens``."""
+    scale: list[float] = dataclasses.field(default_factory=lambda: [0.0, 10.0])
+    """``[lo, hi]``: the judge answers ``SCORE: <number in [lo, hi]>``, mapped onto [0, 1]."""
+    max_new_tokens: int = 32
+    """The judgment's length limit (greedy sampling)."""
+    max_prompt_tokens: int = 384
+    """The judge prompt's length limit; with ``max_new_tokens`` it must fit
+    ``sampler.max_seq_len``."""
+    cache: bool = True
+    """An identical judge prompt reuses the earlier judgment instead of sampling again."""
+
+    def __post_init__(self) -> None:
+        if self.on not in ("answer", "trajectory"):
+            raise ValueError(f"on={self.on!r}: expected answer or trajectory")
+        if len(self.scale) != 2 or not float(self.scale[0]) < float(self.scale[1]):
+            raise ValueError(f"scale={list(self.scale)}: expected [lo, hi] with lo < hi")
+        for name in ("max_new_tokens", "max_prompt_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if not self.rubric.strip():
+            raise ValueError("rubric is empty: say what a good episode is")
+
+
+@dataclasses.dataclass
 class RunConfig:
     """``jaxrl-train``: SFT warm start, then RL."""
 
@@ -187,6 +227,7 @@ class RunConfig:
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     mesh: MeshSpec = dataclasses.field(default_factory=MeshSpec)
     trainer: TrainerSpec = dataclasses.field(default_factory=TrainerSpec)
+    judge: JudgeSpec = dataclasses.field(default_factory=JudgeSpec)
 
     def __post_init__(self) -> None:
         if "[" in str(self.run_dir) or "]" in str(self.run_dir):

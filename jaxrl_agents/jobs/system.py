@@ -1,9 +1,10 @@
 """The composition root of the training job: :func:`build_train` turns a :class:`RunConfig` into
 a :class:`TrainSystem` — tokenizer and chat format, the policy and its shardings, the sampler view
-of its weights, the env binding, the reward composer and the rollout collector. Every cross-group
-check runs first (:func:`check_run`), before anything compiles, and raises :class:`ConfigError`
-naming the dotted key. The components come from the builders of ``jobs.build``, which the eval
-and export jobs use too, so there is one way to make each thing.
+of its weights, the env binding, the reward composer (with the model judge of ``jobs.judge``,
+if any) and the rollout collector. Every cross-group check runs first (:func:`check_run`), before
+anything compiles, and raises :class:`ConfigError` naming the dotted key. The components come
+from the builders of ``jobs.build``, which the eval and export jobs use too, so there is one way
+to make each thing.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from jaxrl_agents.jobs.build import (
     uses_critic,
 )
 from jaxrl_agents.jobs.config import ConfigError, RunConfig, TrainerSpec
+from jaxrl_agents.jobs.judge import JudgeRuntime, build_judge, check_judge
 from jaxrl_agents.jobs.restore import check_sft_source
 from jaxrl_agents.models import Transformer
 from jaxrl_agents.models.gguf import VALID, GGUFError, is_gguf, resolve_gguf
@@ -65,6 +67,9 @@ class TrainSystem:
     loss: LossConfig
     """The policy loss as trained (``cfg.loss`` with derived defaults filled in, see
     :func:`effective_loss`)."""
+    judge: JudgeRuntime | None = None
+    """The model judge (``judge.enabled``), registered with ``reward`` as ``judge.name``; its
+    engine runs with the job (``jobs.judge.start_judge``)."""
     _sampler_rest: nnx.State | None = dataclasses.field(default=None, repr=False)
 
     @property
@@ -170,6 +175,7 @@ def check_run(cfg: RunConfig, env: EnvBinding) -> None:
             f"{cfg.sampler.max_seq_len} (the engine's per-session context); raise "
             "sampler.max_seq_len or lower rollout.max_total_tokens"
         )
+    check_judge(cfg)
 
 
 def pretrained_warning(cfg: RunConfig) -> str | None:
@@ -286,7 +292,8 @@ def build_train(cfg: RunConfig) -> TrainSystem:
     tokenizer = chat.tokenizer
     model = build_policy(cfg, vocab_size=len(tokenizer), mesh=mesh)
     graphdef, _, rest = split_params(model)
-    reward = build_reward(cfg.reward)
+    judge = build_judge(cfg, chat)
+    reward = build_reward(cfg.reward, {judge.spec.name: judge.judge} if judge else None)
     collector = build_collector(
         chat=chat,
         env_factory=env.factory,
@@ -308,4 +315,5 @@ def build_train(cfg: RunConfig) -> TrainSystem:
         reward,
         collector,
         effective_loss(cfg.loss, cfg.rollout),
+        judge,
     )

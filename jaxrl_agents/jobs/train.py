@@ -26,6 +26,7 @@ reports the same numbers. Only process 0 writes logs, records and the export.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -42,6 +43,7 @@ from jaxrl_agents.jobs import report
 from jaxrl_agents.jobs.baselines import rft
 from jaxrl_agents.jobs.config import JobAborted, RunConfig
 from jaxrl_agents.jobs.export import export_policy
+from jaxrl_agents.jobs.judge import frozen_copy, start_judge
 from jaxrl_agents.jobs.records import every
 from jaxrl_agents.jobs.restore import check_sft_source, sft_params_from
 from jaxrl_agents.jobs.run import Run
@@ -96,9 +98,11 @@ async def _train(cfg: RunConfig, system: TrainSystem | None) -> dict[str, Any]:
             flush=True,
         )
 
-    async with system.engine(state.params) as engine:
+    async with system.engine(state.params) as engine, contextlib.AsyncExitStack() as judges:
         if stage == "sft":
             state = await sft_stage(run, state, step, sft_file)
+        await _start_judge(run, judges, state, resumed_rl=stage == "rl" and step > 0)
+        if stage == "sft":
             engine.update_weights(system.sampler_view(state.params))
             summary, trajs = await run.evaluate(engine, version=tr.sft.steps)
             val, _ = await run.evaluate(engine, version=tr.sft.steps, split="validation")
@@ -175,6 +179,23 @@ def _gate_rl(run: Run, val: dict[str, Any] | None) -> None:
             file=sys.stderr,
             flush=True,
         )
+
+
+async def _start_judge(
+    run: Run, stack: contextlib.AsyncExitStack, state: TrainState, *, resumed_rl: bool
+) -> None:
+    """The model judge's engine (``judge.enabled``), stopped with ``stack``. A ``reference``
+    judge is the policy at RL start: ``state`` (after SFT), or after a resume into RL the SFT
+    checkpoint (the current weights when there is none)."""
+    system = run.sys
+
+    def reference():
+        params = state.params
+        if resumed_rl and run.ckpt.all_steps("sft"):
+            params = run.ckpt.restore(report.abstract(state), which="sft")[0].params
+        return system.sampler_view(frozen_copy(params))
+
+    await start_judge(system.judge, stack, reference, mesh=system.sampler_mesh)
 
 
 def _reference(run: Run, state: TrainState, start: int) -> nnx.State | None:
@@ -278,9 +299,17 @@ async def _rl(run: Run, engine: Any, state: TrainState, start: int) -> TrainStat
                 pending = launch(s + 1)
         train_s = time.perf_counter() - t_train
         compiles = getattr(engine, "compile_count", 0)
+        judge = system.judge.judge.stats.take() if system.judge is not None else {}
         row = step_row(
             StepRecord(
-                everyone, roll.seconds, db, metrics, train_s, compiles, version=tr.sft.steps + s
+                everyone,
+                roll.seconds,
+                db,
+                metrics,
+                train_s,
+                compiles,
+                version=tr.sft.steps + s,
+                judge=judge,
             )
         )
         if every(tr.eval.every, s + 1) and s + 1 < tr.rl.steps and pending is not None:
