@@ -54,7 +54,8 @@ class Server:
       engine: a started sampler engine (``async with engine``), or any engine with its
         session interface (e.g. ``ScriptedEngine``).
       chat: the policy's ``ChatFormat`` (renders prompts, parses tool calls).
-      host, port: where to listen (``port=0``: any free port).
+      host: where to listen.
+      port: the port (``0``: any free port).
       api_key: required bearer key (needed for a non-loopback host).
       limits: request bounds (:class:`ServeLimits`).
       model_name: the one model ``/v1/models`` lists and responses name.
