@@ -260,6 +260,47 @@ def value_loss(
     return 0.5 * jnp.maximum(err, err_clip), err_clip > err
 
 
+def _pg_term(
+    agg: Callable[[Array], Array],
+    *,
+    logprobs: Array,
+    old_logprobs: Array,
+    advantages: Array,
+    loss_mask: Array,
+    cfg: LossConfig,
+    is_weights: Array | None,
+    segment_ids: Array | None,
+) -> tuple[Array, dict[str, Array]]:
+    """The policy-gradient term of :func:`policy_loss` (``cfg.name``'s token loss, weighted by
+    ``is_weights``, aggregated by ``agg``) and its metrics: pg_loss, clip_frac, approx_kl,
+    ratio_mean, ratio_max."""
+    m = loss_mask
+    fn = POLICY_LOSSES[cfg.name]
+    seg = {"segment_ids": segment_ids} if segment_ids is not None and _takes_segments(fn) else {}
+    tok = fn(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=jax.lax.stop_gradient(advantages),
+        loss_mask=m,
+        cfg=cfg,
+        **seg,
+    )
+    tok_loss = tok.loss
+    if is_weights is not None:
+        tok_loss = tok_loss * jax.lax.stop_gradient(is_weights)
+    pg = agg(tok_loss)
+    ratio = jax.lax.stop_gradient(tok.ratio)
+    log_ratio = clamp_log_ratio(jax.lax.stop_gradient(logprobs - old_logprobs))
+    metrics = {
+        "pg_loss": pg,
+        "clip_frac": masked_mean(tok.clipped.astype(m.dtype), m),
+        "approx_kl": masked_mean(jnp.expm1(log_ratio) - log_ratio, m),
+        "ratio_mean": masked_mean(ratio, m),
+        "ratio_max": jnp.max(jnp.where(m > 0, ratio, -jnp.inf)),
+    }
+    return pg, metrics
+
+
 def policy_loss(
     *,
     logprobs: Array,
@@ -297,29 +338,16 @@ def policy_loss(
         denominator=denominator,
         segment_ids=segment_ids,
     )
-    fn = POLICY_LOSSES[cfg.name]
-    seg = {"segment_ids": segment_ids} if segment_ids is not None and _takes_segments(fn) else {}
-    tok = fn(
+    pg, metrics = _pg_term(
+        agg,
         logprobs=logprobs,
         old_logprobs=old_logprobs,
-        advantages=jax.lax.stop_gradient(advantages),
+        advantages=advantages,
         loss_mask=m,
         cfg=cfg,
-        **seg,
+        is_weights=is_weights,
+        segment_ids=segment_ids,
     )
-    tok_loss = tok.loss
-    if is_weights is not None:
-        tok_loss = tok_loss * jax.lax.stop_gradient(is_weights)
-    pg = agg(tok_loss)
-    ratio = jax.lax.stop_gradient(tok.ratio)
-    log_ratio = clamp_log_ratio(jax.lax.stop_gradient(logprobs - old_logprobs))
-    metrics = {
-        "pg_loss": pg,
-        "clip_frac": masked_mean(tok.clipped.astype(m.dtype), m),
-        "approx_kl": masked_mean(jnp.expm1(log_ratio) - log_ratio, m),
-        "ratio_mean": masked_mean(ratio, m),
-        "ratio_max": jnp.max(jnp.where(m > 0, ratio, -jnp.inf)),
-    }
     loss = pg
     if ref_logprobs is not None:
         pol = logprobs if policy_logprobs is None else policy_logprobs

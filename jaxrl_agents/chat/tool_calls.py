@@ -275,8 +275,9 @@ def _is_llama3_json(template: str) -> bool:
 def detect_tool_parser(template: str) -> str:
     """The one registered format whose detector matches ``template``; ``ValueError`` naming the
     candidates when none or several do (then the config must name the parser)."""
-    hits = sorted(n for n, fn in TOOL_PARSER_DETECTORS.items() if n in TOOL_CALL_PARSERS
-                  and fn(template))  # fmt: skip
+    hits = sorted(
+        n for n, fn in TOOL_PARSER_DETECTORS.items() if n in TOOL_CALL_PARSERS and fn(template)
+    )
     if len(hits) == 1:
         return hits[0]
     what = "matches none" if not hits else f"matches several ({', '.join(hits)})"

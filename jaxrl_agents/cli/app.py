@@ -64,9 +64,13 @@ def user_errors() -> tuple[type[Exception], ...]:
     from jaxrl_agents.training.wandb_sink import WandbUnavailable
 
     return (
-        ConfigError, MeshError, ModelConfigError, CheckpointError, FileNotFoundError,
+        ConfigError,
+        MeshError,
+        ModelConfigError,
+        CheckpointError,
+        FileNotFoundError,
         WandbUnavailable,
-    )  # fmt: skip
+    )
 
 
 @contextlib.contextmanager

@@ -116,8 +116,12 @@ def format_summary(summary: dict) -> str:
         table += f"\nkeep-best (by validation): RL step {best['rl_step']} (checkpoints/best/)"
     errors = summary.get("episode_errors") or []
     if errors:
-        worst = max(errors, key=lambda e: (e.get("env_error", 0) + e.get("reward_error", 0))
-                    / max(e["episodes"], 1))  # fmt: skip
+        worst = max(
+            errors,
+            key=lambda e: (
+                (e.get("env_error", 0) + e.get("reward_error", 0)) / max(e["episodes"], 1)
+            ),
+        )
         table += (
             f"\nWARNING: {len(errors)} stage(s) had episodes ending in errors past "
             f"trainer.log.error_warn_frac; worst: {worst['where']}: env_error "

@@ -300,8 +300,9 @@ def check_kinds(name: str, kinds: Any, valid: Sequence[str], *, allow_empty: boo
         return
     bad = sorted(set(kinds) - set(valid))
     if bad or not (kinds or allow_empty):
-        raise ValueError(f"{name}={list(kinds)}: unknown {bad or 'empty list'}; valid kinds: "
-                         f"{list(valid)}")  # fmt: skip
+        raise ValueError(
+            f"{name}={list(kinds)}: unknown {bad or 'empty list'}; valid kinds: {list(valid)}"
+        )
 
 
 def calls_from_message(message: Message) -> list[ToolCall]:

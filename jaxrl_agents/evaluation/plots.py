@@ -54,8 +54,9 @@ def learning_curve(
     if sft_success is not None:
         ax_s.axhline(sft_success, color="gray", ls="--", lw=1, label="SFT held-out (greedy)")
     if test:
-        ax_s.plot(*zip(*test, strict=True), marker="s", ls=":", color="C3",
-                  label="held-out test (greedy)")  # fmt: skip
+        ax_s.plot(
+            *zip(*test, strict=True), marker="s", ls=":", color="C3", label="held-out test (greedy)"
+        )
     ax_s.set_ylim(-0.02, 1.02)
     ax_s.set_xlabel("RL step")
     ax_s.set_ylabel("success rate")

@@ -147,18 +147,8 @@ def make_decode(
         windowed = window < jax.tree.leaves(full_cache.v)[0].shape[v_axis]
         cache = full_cache
         if windowed:
-
-            def cut(tree, axis):
-                return jax.tree.map(lambda a: lax.slice_in_dim(a, 0, window, axis=axis), tree)
-
-            cache = full_cache._replace(k=cut(full_cache.k, k_axis), v=cut(full_cache.v, v_axis))
-        out = ChunkOut(
-            tokens=jnp.zeros((chunk, B), jnp.int32),
-            logprobs=jnp.zeros((chunk, B), jnp.float32),
-            sampling_logprobs=jnp.zeros((chunk, B), jnp.float32),
-            emitted=jnp.zeros((chunk, B), bool),
-            finish=jnp.zeros((B,), jnp.int32),
-        )
+            cache = _cut_window(full_cache, window, k_axis, v_axis)
+        out = _empty_chunk(chunk, B)
         cache = cache._replace(lengths=slots.lengths)
 
         def cond(carry):
@@ -182,15 +172,7 @@ def make_decode(
             is_stop = jnp.any(s.token[:, None] == slots.stop_ids, axis=-1) | _ends_with_any(
                 recent, slots.stop_seqs
             )
-            reason = jnp.where(
-                is_stop,
-                STOP,
-                jnp.where(
-                    n_gen >= slots.max_new,
-                    LENGTH,
-                    jnp.where(cache.lengths + 1 >= max_seq_len, CACHE_FULL, RUNNING),
-                ),
-            )
+            reason = _finish_reason(is_stop, n_gen, slots.max_new, cache.lengths, max_seq_len)
             out = ChunkOut(
                 tokens=out.tokens.at[i].set(s.token),
                 logprobs=out.logprobs.at[i].set(s.logprob),
@@ -212,20 +194,62 @@ def make_decode(
         )
         _, cache, _, _, _, _, out = lax.while_loop(cond, body, carry)
         if windowed:
-
-            def put(full, part, axis):
-                return jax.tree.map(
-                    lambda f, p: lax.dynamic_update_slice_in_dim(f, p, 0, axis=axis), full, part
-                )
-
-            cache = cache._replace(
-                k=put(full_cache.k, cache.k, k_axis), v=put(full_cache.v, cache.v, v_axis)
-            )
+            cache = _put_window(full_cache, cache, k_axis, v_axis)
         if cache_constraint is not None:
             cache = lax.with_sharding_constraint(cache, cache_constraint)
         return cache, out
 
     return decode
+
+
+def _cut_window(full_cache: Any, window: int, k_axis: int, v_axis: int) -> Any:
+    """``full_cache`` with its keys and values cut to positions ``[0, window)``."""
+
+    def cut(tree, axis):
+        return jax.tree.map(lambda a: lax.slice_in_dim(a, 0, window, axis=axis), tree)
+
+    return full_cache._replace(k=cut(full_cache.k, k_axis), v=cut(full_cache.v, v_axis))
+
+
+def _put_window(full_cache: Any, cache: Any, k_axis: int, v_axis: int) -> Any:
+    """``cache`` (a window from :func:`_cut_window`) with its keys and values written back into
+    ``full_cache``'s at position 0."""
+
+    def put(full, part, axis):
+        return jax.tree.map(
+            lambda f, p: lax.dynamic_update_slice_in_dim(f, p, 0, axis=axis), full, part
+        )
+
+    return cache._replace(
+        k=put(full_cache.k, cache.k, k_axis), v=put(full_cache.v, cache.v, v_axis)
+    )
+
+
+def _empty_chunk(chunk: int, B: int) -> ChunkOut:
+    """The all-zero output of a ``chunk``-step decode over ``B`` slots."""
+    return ChunkOut(
+        tokens=jnp.zeros((chunk, B), jnp.int32),
+        logprobs=jnp.zeros((chunk, B), jnp.float32),
+        sampling_logprobs=jnp.zeros((chunk, B), jnp.float32),
+        emitted=jnp.zeros((chunk, B), bool),
+        finish=jnp.zeros((B,), jnp.int32),
+    )
+
+
+def _finish_reason(
+    is_stop: jax.Array, n_gen: jax.Array, max_new: jax.Array, lengths: jax.Array, max_seq_len: int
+) -> jax.Array:
+    """Per row: STOP, else LENGTH (``max_new`` tokens generated), else CACHE_FULL (the next
+    position would pass ``max_seq_len``), else RUNNING."""
+    return jnp.where(
+        is_stop,
+        STOP,
+        jnp.where(
+            n_gen >= max_new,
+            LENGTH,
+            jnp.where(lengths + 1 >= max_seq_len, CACHE_FULL, RUNNING),
+        ),
+    )
 
 
 def make_fork(

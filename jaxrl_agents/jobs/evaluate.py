@@ -129,8 +129,11 @@ async def _evaluate_model(model: Any, chat: Any, setup: Setup, cfg: EvalConfig):
 def overlay(base: ChatSpec, top: ChatSpec) -> ChatSpec:
     """``base`` with every field ``top`` sets away from its default."""
     default = ChatSpec()
-    changed = {f.name: getattr(top, f.name) for f in dataclasses.fields(ChatSpec)
-               if getattr(top, f.name) != getattr(default, f.name)}  # fmt: skip
+    changed = {
+        f.name: getattr(top, f.name)
+        for f in dataclasses.fields(ChatSpec)
+        if getattr(top, f.name) != getattr(default, f.name)
+    }
     return dataclasses.replace(base, **changed)
 
 
@@ -249,8 +252,10 @@ def run_evaluation(
         say(f"evaluating {spec.name} ({spec.kind}) on {len(setup.tasks)} {cfg.split} tasks")
         results[spec.name] = evaluate_policy(spec, setup, cfg)
         s = summarize(results[spec.name])
-        say(f"  success {s['success']:.3f} (95% CI {s['success_ci95'][0]:.3f}-"
-            f"{s['success_ci95'][1]:.3f})")  # fmt: skip
+        say(
+            f"  success {s['success']:.3f} (95% CI {s['success_ci95'][0]:.3f}-"
+            f"{s['success_ci95'][1]:.3f})"
+        )
     rows = None
     if snapshots is not None:
         say(f"snapshot selection over {snapshots}")
@@ -275,9 +280,14 @@ def run_evaluation(
         "snapshots": str(snapshots) if snapshots is not None else None,
     }
     html_text, data = build_report(
-        results, title=title, meta=meta, ks=cfg.ks, snapshots=rows,
-        max_trajectories=max_trajectories, max_pairs=max_pairs,
-    )  # fmt: skip
+        results,
+        title=title,
+        meta=meta,
+        ks=cfg.ks,
+        snapshots=rows,
+        max_trajectories=max_trajectories,
+        max_pairs=max_pairs,
+    )
     html_path, _ = write_report(out, html_text, data)
     say(f"report: {html_path.resolve()}")
     return data

@@ -30,7 +30,7 @@ import numpy as np
 from jaxrl_agents import distributed as D
 from jaxrl_agents.batches import EpisodeArrays, TrainBatch
 from jaxrl_agents.rollout.orchestrator import Orchestrator, RolloutConfig
-from jaxrl_agents.rollout.packing import bucket_for, clear_loss, pack_sft, plan_rows
+from jaxrl_agents.rollout.packing import Packed, bucket_for, clear_loss, pack_sft, plan_rows
 from jaxrl_agents.rollout.packing import pack as pack_episodes
 from jaxrl_agents.types import EndReason, Task, Trajectory
 
@@ -231,43 +231,13 @@ class Collector:
         ]
         if len(trajs) > rows:
             raise ValueError(f"{len(trajs)} episodes do not fit the {rows} episode slots")
-        lengths = np.zeros((rows,), np.int64)
-        lengths[: len(trajs)] = [len(t.token_ids) - 1 for t in trajs]
-        everyone = D.gather_rows(lengths)  # [P, rows]: every process plans the same shape
-        buckets, plan = list(self.seq_buckets), None
-        if pack:
-            plan = plan_rows(
-                [list(q) for q in everyone],
-                buckets=buckets,
-                multiple=self.row_multiple(row_multiple),
-                max_rows=rows,
-            )
-        else:  # one bucket agreed by every process
-            buckets = [bucket_for(max(int(everyone.max()), 1), self.seq_buckets)]
-        packed = pack_episodes(
-            trajs,
-            buckets=buckets,
-            batch_size=rows,
-            max_turns=max_turns,
-            pad_id=self.chat.pad_id,
-            rows=plan,
+        packed = self._pack_local(
+            trajs, rows=rows, max_turns=max_turns, pack=pack, row_multiple=row_multiple
         )
-        b, ep = packed.batch, packed.episodes
+        b = packed.batch
         out = [i for i, ok in enumerate(keep) if not ok]
-        if out:  # no positions, singleton groups: no loss, no share in any group baseline
-            ep.row_valid[out], ep.rewards[out], ep.turn_rewards[out] = 0.0, 0.0, 0.0
-            ep.anchor_ids[out] = -1
-            kept = [i for i, ok in enumerate(keep) if ok]
-            used = {int(g) for g in ep.group_ids[kept]}
-            others = sorted(set(range(rows)) - set(kept))  # dropped + padding slots
-            ep.group_ids[others] = [g for g in range(rows) if g not in used][: len(others)]
-        p = jax.process_index()
-        first_row = p * rows  # episode slots of the processes before this one
-        n_turns = ep.anchor_ids.shape[1]
-        ep = ep._replace(
-            group_ids=ep.group_ids + first_row,
-            anchor_ids=np.where(ep.anchor_ids >= 0, ep.anchor_ids + first_row * n_turns, -1),
-            row=ep.row + p * b.input_ids.shape[0],  # batch rows of the processes before
+        ep = _global_episodes(
+            packed.episodes, keep, rows=rows, p=jax.process_index(), batch_rows=b.input_ids.shape[0]
         )
         long = (
             [i for i, x in enumerate(overlong_rows(trajs)) if x and keep[i]]
@@ -289,6 +259,33 @@ class Collector:
             int(counts[:, 2].sum()),
             int(counts[:, 3].sum()),
             float(counts[:, 4].sum() / max(counts[:, 5].sum(), 1)),
+        )
+
+    def _pack_local(
+        self, trajs: list[Trajectory], *, rows: int, max_turns: int, pack: bool, row_multiple: int
+    ) -> Packed:
+        """Pack this process's ``trajs`` into ``rows`` episode slots, in the shape every process
+        agrees on (from the all-gathered lengths)."""
+        lengths = np.zeros((rows,), np.int64)
+        lengths[: len(trajs)] = [len(t.token_ids) - 1 for t in trajs]
+        everyone = D.gather_rows(lengths)  # [P, rows]: every process plans the same shape
+        buckets, plan = list(self.seq_buckets), None
+        if pack:
+            plan = plan_rows(
+                [list(q) for q in everyone],
+                buckets=buckets,
+                multiple=self.row_multiple(row_multiple),
+                max_rows=rows,
+            )
+        else:  # one bucket agreed by every process
+            buckets = [bucket_for(max(int(everyone.max()), 1), self.seq_buckets)]
+        return pack_episodes(
+            trajs,
+            buckets=buckets,
+            batch_size=rows,
+            max_turns=max_turns,
+            pad_id=self.chat.pad_id,
+            rows=plan,
         )
 
     def sft_batch(
@@ -324,3 +321,25 @@ class Collector:
             rows[share], buckets=self.seq_buckets, pad_id=self.chat.pad_id, rows=plan
         )
         return D.place(batch, self.sharding)
+
+
+def _global_episodes(
+    ep: EpisodeArrays, keep: list[bool], *, rows: int, p: int, batch_rows: int
+) -> EpisodeArrays:
+    """Process ``p``'s episode arrays with its dropped episodes (``keep`` false) taken out of
+    every group (in place) and group ids, anchor ids and rows made global (a new tuple)."""
+    out = [i for i, ok in enumerate(keep) if not ok]
+    if out:  # no positions, singleton groups: no loss, no share in any group baseline
+        ep.row_valid[out], ep.rewards[out], ep.turn_rewards[out] = 0.0, 0.0, 0.0
+        ep.anchor_ids[out] = -1
+        kept = [i for i, ok in enumerate(keep) if ok]
+        used = {int(g) for g in ep.group_ids[kept]}
+        others = sorted(set(range(rows)) - set(kept))  # dropped + padding slots
+        ep.group_ids[others] = [g for g in range(rows) if g not in used][: len(others)]
+    first_row = p * rows  # episode slots of the processes before this one
+    n_turns = ep.anchor_ids.shape[1]
+    return ep._replace(
+        group_ids=ep.group_ids + first_row,
+        anchor_ids=np.where(ep.anchor_ids >= 0, ep.anchor_ids + first_row * n_turns, -1),
+        row=ep.row + p * batch_rows,  # batch rows of the processes before
+    )

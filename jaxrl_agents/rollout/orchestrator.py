@@ -308,11 +308,20 @@ class Orchestrator:
 
     def _failed(self, task: Task, group_id: int, k: int, e: Exception) -> Trajectory:
         return Trajectory(
-            task=task, messages=[], tools=[], token_ids=[], loss_mask=[], logprobs=[],
-            prompt_len=0, turns=[], end_reason=EndReason.ENV_ERROR, group_id=group_id,
-            sample_index=k, policy_version=self.policy_version,
+            task=task,
+            messages=[],
+            tools=[],
+            token_ids=[],
+            loss_mask=[],
+            logprobs=[],
+            prompt_len=0,
+            turns=[],
+            end_reason=EndReason.ENV_ERROR,
+            group_id=group_id,
+            sample_index=k,
+            policy_version=self.policy_version,
             error=f"episode failed: {type(e).__name__}: {e}",
-        )  # fmt: skip
+        )
 
     # -- many episodes ------------------------------------------------------------------
     async def run(

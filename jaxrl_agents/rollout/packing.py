@@ -169,6 +169,34 @@ def pack(
     if b < n:
         raise ValueError(f"batch_size={b} is smaller than the {n} trajectories to pack")
     full = [max(len(t.token_ids) - 1, 0) for t in trajectories]
+    T, R, lengths, place = _place(full, buckets=buckets, b=b, rows=rows)
+    N = max_turns or max(1, max(len(t.turns) for t in trajectories))
+
+    batch = _empty_batch(R, T, pad_id)
+    episodes = _empty_episodes(b, N)
+    anchors: dict[tuple[int, str], int] = {}
+    truncated = 0
+    for i, traj in enumerate(trajectories):
+        L = lengths[i]
+        truncated += int(full[i] > T)
+        r, o, seg = place[i]
+        if L > 0:
+            _write_tokens(batch, traj, r, o, seg, L, N)
+        tr = None if turn_rewards is None else turn_rewards[i]
+        _write_episode(episodes, anchors, i, traj, (r, o, L), N, tr)
+    # Padding slots need group ids that collide with no real group.
+    if b > n:
+        group_ids = episodes.group_ids
+        group_ids[n:] = np.max(group_ids[:n]) + 1 + np.arange(b - n)
+    return Packed(batch, episodes, truncated)
+
+
+def _place(
+    full: list[int], *, buckets: Sequence[int], b: int, rows: RowPlan | None
+) -> tuple[int, int, list[int], list[tuple[int, int, int]]]:
+    """``(T, R, lengths, place)`` for :func:`pack`: the row length and row count, each
+    trajectory's length cut to ``T``, and its ``(row, offset, segment id)``."""
+    n = len(full)
     if rows is None:
         T = bucket_for(max(max(full), 1), buckets)
         R = b
@@ -186,84 +214,92 @@ def pack(
             for k, i in enumerate(items):
                 place[i] = (r, off, k + 1)
                 off += lengths[i]
-    N = max_turns or max(1, max(len(t.turns) for t in trajectories))
+    return T, R, lengths, place
 
+
+def _empty_batch(R: int, T: int, pad_id: int) -> TrainBatch:
+    """An ``[R, T]`` :class:`TrainBatch` of padding, for :func:`pack` to fill in place."""
     i32, f32 = np.int32, np.float32
-    input_ids = np.full((R, T), pad_id, i32)
-    positions = np.zeros((R, T), i32)
-    segment_ids = np.zeros((R, T), i32)
-    target_ids = np.full((R, T), pad_id, i32)
-    loss_mask = np.zeros((R, T), f32)
-    old_logprobs = np.zeros((R, T), f32)
-    turn_ids = np.full((R, T), -1, i32)
-    rewards = np.zeros((b,), f32)
-    group_ids = np.arange(b, dtype=i32)  # padding slots: singleton groups
-    t_rewards = np.zeros((b, N), f32)
-    t_mask = np.zeros((b, N), f32)
-    anchor_ids = np.full((b, N), -1, i32)
-    row_valid = np.zeros((b,), f32)
-    ep_row = np.zeros((b,), i32)
-    ep_off = np.zeros((b,), i32)
-    ep_len = np.zeros((b,), i32)
-    anchors: dict[tuple[int, str], int] = {}
-    truncated = 0
-
-    for i, traj in enumerate(trajectories):
-        ids = np.asarray(traj.token_ids, i32)
-        L = lengths[i]
-        truncated += int(full[i] > T)
-        r, o, seg = place[i]
-        if L > 0:
-            sl = slice(o, o + L)
-            input_ids[r, sl] = ids[:L]
-            positions[r, sl] = np.arange(L)
-            segment_ids[r, sl] = seg
-            target_ids[r, sl] = ids[1 : L + 1]
-            mask = np.asarray(traj.loss_mask[1 : L + 1], f32)
-            loss_mask[r, sl] = mask
-            old_logprobs[r, sl] = np.asarray(traj.logprobs[1 : L + 1], f32)
-            tid = np.full((L,), -1, i32)
-            for k, turn in enumerate(traj.turns[:N]):
-                lo, hi = max(turn.start - 1, 0), min(turn.end - 1, L)
-                if lo < hi:
-                    tid[lo:hi] = k
-            turn_ids[r, sl] = np.where(mask > 0, tid, -1)
-        ep_row[i], ep_off[i], ep_len[i] = r, o, L
-        rewards[i] = traj.reward
-        group_ids[i] = traj.group_id
-        row_valid[i] = 1.0
-        n_turns = min(max(len(traj.turns), 1), N)
-        t_mask[i, :n_turns] = 1.0
-        if turn_rewards is not None:
-            tr = list(turn_rewards[i])[:N]
-        elif traj.turns:
-            tr = [sum(t.reward_terms.values()) for t in traj.turns[:N]]
-        else:
-            tr = [traj.reward]
-        t_rewards[i, : len(tr)] = tr
-        for k, turn in enumerate(traj.turns[:N]):
-            key = turn.annotations.get(Ann.STATE_KEY)
-            if key is not None:
-                anchor_ids[i, k] = anchors.setdefault((traj.group_id, str(key)), len(anchors))
-    # Padding slots need group ids that collide with no real group.
-    if b > n:
-        group_ids[n:] = np.max(group_ids[:n]) + 1 + np.arange(b - n)
-
-    batch = TrainBatch(
-        input_ids=input_ids,
-        positions=positions,
-        segment_ids=segment_ids,
-        target_ids=target_ids,
-        loss_mask=loss_mask,
-        old_logprobs=old_logprobs,
+    return TrainBatch(
+        input_ids=np.full((R, T), pad_id, i32),
+        positions=np.zeros((R, T), i32),
+        segment_ids=np.zeros((R, T), i32),
+        target_ids=np.full((R, T), pad_id, i32),
+        loss_mask=np.zeros((R, T), f32),
+        old_logprobs=np.zeros((R, T), f32),
         advantages=np.zeros((R, T), f32),
         returns=np.zeros((R, T), f32),
-        turn_ids=turn_ids,
+        turn_ids=np.full((R, T), -1, i32),
     )
-    episodes = EpisodeArrays(
-        rewards, group_ids, t_rewards, t_mask, anchor_ids, row_valid, ep_row, ep_off, ep_len
+
+
+def _empty_episodes(b: int, N: int) -> EpisodeArrays:
+    """:class:`EpisodeArrays` for ``b`` padding slots of ``N`` turns, for :func:`pack` to fill."""
+    i32, f32 = np.int32, np.float32
+    return EpisodeArrays(
+        rewards=np.zeros((b,), f32),
+        group_ids=np.arange(b, dtype=i32),  # padding slots: singleton groups
+        turn_rewards=np.zeros((b, N), f32),
+        turn_mask=np.zeros((b, N), f32),
+        anchor_ids=np.full((b, N), -1, i32),
+        row_valid=np.zeros((b,), f32),
+        row=np.zeros((b,), i32),
+        offset=np.zeros((b,), i32),
+        length=np.zeros((b,), i32),
     )
-    return Packed(batch, episodes, truncated)
+
+
+def _write_tokens(
+    batch: TrainBatch, traj: Trajectory, r: int, o: int, seg: int, L: int, N: int
+) -> None:
+    """Write the first ``L`` prediction positions of ``traj`` at row ``r``, offset ``o`` as
+    segment ``seg`` (turn ids for its first ``N`` turns)."""
+    i32, f32 = np.int32, np.float32
+    ids = np.asarray(traj.token_ids, i32)
+    sl = slice(o, o + L)
+    batch.input_ids[r, sl] = ids[:L]
+    batch.positions[r, sl] = np.arange(L)
+    batch.segment_ids[r, sl] = seg
+    batch.target_ids[r, sl] = ids[1 : L + 1]
+    mask = np.asarray(traj.loss_mask[1 : L + 1], f32)
+    batch.loss_mask[r, sl] = mask
+    batch.old_logprobs[r, sl] = np.asarray(traj.logprobs[1 : L + 1], f32)
+    tid = np.full((L,), -1, i32)
+    for k, turn in enumerate(traj.turns[:N]):
+        lo, hi = max(turn.start - 1, 0), min(turn.end - 1, L)
+        if lo < hi:
+            tid[lo:hi] = k
+    batch.turn_ids[r, sl] = np.where(mask > 0, tid, -1)
+
+
+def _write_episode(
+    ep: EpisodeArrays,
+    anchors: dict[tuple[int, str], int],
+    i: int,
+    traj: Trajectory,
+    where: tuple[int, int, int],
+    N: int,
+    turn_rewards: Sequence[float] | None,
+) -> None:
+    """Fill slot ``i`` of ``ep`` from ``traj`` (``where``: its row, offset and length); ``anchors``
+    numbers the (group, state key) pairs across the batch."""
+    ep.row[i], ep.offset[i], ep.length[i] = where
+    ep.rewards[i] = traj.reward
+    ep.group_ids[i] = traj.group_id
+    ep.row_valid[i] = 1.0
+    n_turns = min(max(len(traj.turns), 1), N)
+    ep.turn_mask[i, :n_turns] = 1.0
+    if turn_rewards is not None:
+        tr = list(turn_rewards)[:N]
+    elif traj.turns:
+        tr = [sum(t.reward_terms.values()) for t in traj.turns[:N]]
+    else:
+        tr = [traj.reward]
+    ep.turn_rewards[i, : len(tr)] = tr
+    for k, turn in enumerate(traj.turns[:N]):
+        key = turn.annotations.get(Ann.STATE_KEY)
+        if key is not None:
+            ep.anchor_ids[i, k] = anchors.setdefault((traj.group_id, str(key)), len(anchors))
 
 
 def clear_loss(packed: Packed, slots: Sequence[int]) -> None:

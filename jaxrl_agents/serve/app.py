@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from jaxrl_agents.generation.config import Sampling, SamplingParams
 from jaxrl_agents.rollout.orchestrator import episode_seed
-from jaxrl_agents.serve.episodes import Choice, EpisodeStore
+from jaxrl_agents.serve.episodes import Choice, EpisodeStore, ServeLimits
 from jaxrl_agents.serve.messages import BadRequest, openai_message
 from jaxrl_agents.types import EndReason
 
@@ -99,34 +99,7 @@ async def _complete(
 ) -> dict:
     """One chat completion of episode ``ep``: validate, record the messages, sample, respond."""
     lim, chat = store.limits, store.chat
-    messages, tools = body.get("messages"), body.get("tools") or []
-    if not isinstance(messages, list):
-        raise BadRequest("messages must be a list", param="messages")
-    if len(messages) > lim.max_messages:
-        raise BadRequest(
-            f"{len(messages)} messages > limits.max_messages={lim.max_messages}", param="messages"
-        )
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise BadRequest("tools must be a list of objects", param="tools")
-    if body.get("stream"):
-        raise BadRequest("stream=true is not supported", param="stream")
-    choice = body.get("tool_choice", "auto")
-    if choice not in ("auto", "none"):
-        raise BadRequest(
-            f"tool_choice={choice!r} is not supported (auto, none)", param="tool_choice"
-        )
-    n = _int(body, "n", 1)
-    if not 1 <= n <= lim.max_n:
-        raise BadRequest(f"n={n} is outside [1, limits.max_n={lim.max_n}]", param="n")
-    name = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
-    max_tokens = _int(body, name, min(lim.default_max_tokens, lim.max_tokens))
-    if not 1 <= max_tokens <= lim.max_tokens:
-        raise BadRequest(
-            f"{name}={max_tokens} is outside [1, limits.max_tokens={lim.max_tokens}]",
-            param=name,
-        )
-    if _int(body, "top_logprobs", 0):
-        raise BadRequest("top_logprobs is not supported", param="top_logprobs")
+    messages, tools, choice, n, max_tokens = _check_request(body, lim)
     stops = _stop_sequences(body.get("stop"), chat, lim.max_stop)
     seed = body.get("seed")
     seed = episode_seed(ep.seed, "serve", ep.requests) if seed is None else _int(body, "seed", 0)
@@ -179,6 +152,40 @@ async def _complete(
             "total_tokens": context + completion,
         },
     }
+
+
+def _check_request(body: dict, lim: ServeLimits) -> tuple[list, list, str, int, int]:
+    """The request's ``(messages, tools, tool_choice, n, max_tokens)``; :class:`BadRequest` for a
+    malformed one or one past a ``lim`` bound."""
+    messages, tools = body.get("messages"), body.get("tools") or []
+    if not isinstance(messages, list):
+        raise BadRequest("messages must be a list", param="messages")
+    if len(messages) > lim.max_messages:
+        raise BadRequest(
+            f"{len(messages)} messages > limits.max_messages={lim.max_messages}", param="messages"
+        )
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise BadRequest("tools must be a list of objects", param="tools")
+    if body.get("stream"):
+        raise BadRequest("stream=true is not supported", param="stream")
+    choice = body.get("tool_choice", "auto")
+    if choice not in ("auto", "none"):
+        raise BadRequest(
+            f"tool_choice={choice!r} is not supported (auto, none)", param="tool_choice"
+        )
+    n = _int(body, "n", 1)
+    if not 1 <= n <= lim.max_n:
+        raise BadRequest(f"n={n} is outside [1, limits.max_n={lim.max_n}]", param="n")
+    name = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+    max_tokens = _int(body, name, min(lim.default_max_tokens, lim.max_tokens))
+    if not 1 <= max_tokens <= lim.max_tokens:
+        raise BadRequest(
+            f"{name}={max_tokens} is outside [1, limits.max_tokens={lim.max_tokens}]",
+            param=name,
+        )
+    if _int(body, "top_logprobs", 0):
+        raise BadRequest("top_logprobs is not supported", param="top_logprobs")
+    return messages, tools, choice, n, max_tokens
 
 
 def _choice(index: int, c: Choice, chat: Any, *, logprobs: bool) -> dict[str, Any]:
