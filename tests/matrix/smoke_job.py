@@ -49,6 +49,8 @@ def smoke_job(overrides: list[str], tmp_path, monkeypatch) -> None:
     from jaxrl_agents.types import EndReason, read_jsonl
 
     run = tmp_path / "run"
+    if "reward=judged" in overrides:  # its judge term needs the model judge built
+        overrides = [*overrides, "judge.enabled=true", "judge.max_new_tokens=8"]
     monkeypatch.setattr(sys, "argv", ["jaxrl-train", *SMOKE, *overrides, f"run_dir={run}"])
     try:
         cli.main()

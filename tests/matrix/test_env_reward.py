@@ -31,8 +31,14 @@ def test_env_x_reward(env, reward):
     cfg = to_run_config(compose("config", [f"env={env}", f"reward={reward}"]))
     binding = resolve_env(cfg.env)
     chat = ChatFormat(load_tiny_tokenizer())
-    collector = Collector(chat=chat, env_factory=binding.factory, rollout=cfg.rollout,
-                          reward=build_reward(cfg.reward))  # fmt: skip
+    # A model judge (reward=judged) is the train job's to build; a constant judge stands in.
+    judges = {cfg.judge.name: lambda traj: 0.5}
+    collector = Collector(
+        chat=chat,
+        env_factory=binding.factory,
+        rollout=cfg.rollout,
+        reward=build_reward(cfg.reward, judges),
+    )
     tasks = binding.tasks("heldout", 6, seed=0)
 
     async def run(name):
