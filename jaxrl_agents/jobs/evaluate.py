@@ -137,14 +137,15 @@ def overlay(base: ChatSpec, top: ChatSpec) -> ChatSpec:
     return dataclasses.replace(base, **changed)
 
 
-def policy_chat(spec: PolicySpec, cfg: EvalConfig) -> Any:
-    """The chat format a policy is evaluated with (see ``EvalConfig.chat``)."""
+def policy_chat(spec: PolicySpec, chat: ChatSpec) -> Any:
+    """The chat format a policy runs with: a run folder's own, with the fields ``chat`` sets
+    (see ``EvalConfig.chat``) over it; else ``chat`` for the checkpoint's tokenizer."""
     if spec.kind == "run":
         run_cfg = load_run_config(spec.path)
-        return build_chat(overlay(run_cfg.chat, cfg.chat), run_cfg.model.path)
+        return build_chat(overlay(run_cfg.chat, chat), run_cfg.model.path)
     if spec.kind == "hf":
-        return build_chat(cfg.chat, spec.path)
-    return build_chat(cfg.chat)
+        return build_chat(chat, spec.path)
+    return build_chat(chat)
 
 
 def check_chat(chat: Any, setup: Setup, cfg: EvalConfig) -> None:
@@ -164,7 +165,7 @@ def evaluate_policy(spec: PolicySpec, setup: Setup, cfg: EvalConfig) -> list[Tra
     """All ``tasks x samples`` trajectories of one policy (ordered by task, then sample)."""
     if spec.kind not in ("run", "hf", "scripted"):
         raise ValueError(f"policy kind {spec.kind!r}: expected run, hf or scripted")
-    chat = policy_chat(spec, cfg)
+    chat = policy_chat(spec, cfg.chat)
     check_chat(chat, setup, cfg)
     if spec.kind == "scripted":
         engine = ScriptedEngine(chat, policy_factory=scripted_factory(spec.path, setup.env.cls))
@@ -189,7 +190,7 @@ def select_snapshot(
     sft_step = load_run_config(run_dir).trainer.sft.steps
     spec = PolicySpec("run", str(run_dir), "step")
 
-    chat = policy_chat(spec, cfg)
+    chat = policy_chat(spec, cfg.chat)
 
     async def all_steps() -> dict[int, list[Trajectory]]:
         model, _, _, _ = load_run(spec, steps[0])

@@ -18,8 +18,7 @@ from jaxrl_agents.chat import ChatFormat
 from jaxrl_agents.evaluation.policies import PolicySpec
 from jaxrl_agents.jobs.build import build_chat, build_engine, build_model
 from jaxrl_agents.jobs.config import ConfigError, ServeConfig
-from jaxrl_agents.jobs.evaluate import load_run, overlay
-from jaxrl_agents.jobs.restore import load_run_config
+from jaxrl_agents.jobs.evaluate import load_run, policy_chat
 from jaxrl_agents.models import Transformer
 from jaxrl_agents.serve.server import Server, check_bind
 
@@ -37,8 +36,7 @@ def served_policy(cfg: ServeConfig) -> tuple[Transformer, ChatFormat, str]:
                 "model.path=<HF folder or GGUF file> (or model=smollm2)"
             )
         model, _, _, _ = load_run(spec)
-        run_cfg = load_run_config(spec.path)
-        return model, build_chat(overlay(run_cfg.chat, cfg.chat), run_cfg.model.path), spec.name
+        return model, policy_chat(spec, cfg.chat), spec.name
     chat = build_chat(cfg.chat, cfg.model.path)
     model = build_model(cfg.model, vocab_size=len(chat.tokenizer), seed=cfg.seed)
     name = Path(cfg.model.path).stem if cfg.model.path else "tiny"

@@ -136,10 +136,31 @@ class Collector:
         import time
 
         share = D.even_share(len(tasks), "tasks") if even else D.uneven_share(len(tasks))
-        orch = self.orchestrator(engine, greedy=greedy, version=version, group_size=group_size)
         t = time.perf_counter()
-        trajs = await orch.run(list(tasks)[share], group_size=group_size, seed=seed)
+        trajs = await self.episodes(
+            engine,
+            list(tasks)[share],
+            group_size=group_size,
+            seed=seed,
+            version=version,
+            greedy=greedy,
+        )
         return Rollout(trajs, share.start, time.perf_counter() - t)
+
+    async def episodes(
+        self,
+        engine: Any,
+        tasks: Sequence[Task],
+        *,
+        group_size: int,
+        seed: int,
+        version: int,
+        greedy: bool,
+    ) -> list[Trajectory]:
+        """``tasks`` x ``group_size`` episodes through the built-in loop, ordered by (task,
+        sample); a subclass runs them another way (``serve.agent_collector``)."""
+        orch = self.orchestrator(engine, greedy=greedy, version=version, group_size=group_size)
+        return await orch.run(tasks, group_size=group_size, seed=seed)
 
     async def score(self, trajectories: Sequence[Trajectory]) -> None:
         """REWARD: compose every trajectory's reward in place (``traj.reward``, per-turn terms)."""

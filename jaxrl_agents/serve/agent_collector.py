@@ -3,7 +3,7 @@ evaluation alike.
 
 :class:`AgentCollector` is the :class:`~jaxrl_agents.rollout.Collector` the jobs build when
 ``rollout.agent`` names an async function ``(client, task) -> final answer``. Each
-:meth:`~AgentCollector.collect` serves the engine through a :class:`Server` on a free loopback
+:meth:`~AgentCollector.episodes` call serves the engine through a :class:`Server` on a free loopback
 port for the duration of the call and runs the agent episodes with :func:`run_agents`: the
 trajectories hold the exact sampled ids (token capture), the env judges each final answer
 (:func:`env_judge`), and scoring, packing and the update work on them unchanged. Sampling is the
@@ -19,17 +19,15 @@ import dataclasses
 import importlib
 import inspect
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxrl_agents import distributed as D
 from jaxrl_agents.generation.config import Sampling
-from jaxrl_agents.rollout.collector import Collector, Rollout
+from jaxrl_agents.rollout.collector import Collector
 from jaxrl_agents.serve.agent_rollout import env_judge, run_agents
 from jaxrl_agents.serve.episodes import ServeLimits
 from jaxrl_agents.serve.server import Server
-from jaxrl_agents.types import Task
+from jaxrl_agents.types import Task, Trajectory
 
 for _name in ("httpx", "httpx2", "openai"):  # one INFO line per request otherwise (Hydra's root)
     logging.getLogger(_name).setLevel(logging.WARNING)
@@ -72,30 +70,25 @@ class AgentCollector(Collector):
             max_segment_tokens=r.max_total_tokens,
         )
 
-    async def collect(
+    async def episodes(
         self,
         engine: Any,
         tasks: Sequence[Task],
         *,
         group_size: int,
         seed: int,
-        version: int = 0,
-        greedy: bool = False,
-        even: bool = True,
-    ) -> Rollout:
-        """This process's share of ``tasks`` x ``group_size`` agent episodes (as
-        :meth:`Collector.collect`)."""
+        version: int,
+        greedy: bool,
+    ) -> list[Trajectory]:
+        """``tasks`` x ``group_size`` agent episodes behind a server on a loopback port."""
         if self.agent is None:
             raise ValueError("AgentCollector needs an agent function")
-        share = D.even_share(len(tasks), "tasks") if even else D.uneven_share(len(tasks))
         sampling = Sampling(temperature=0.0) if greedy else self.rollout.sampling
-        t = time.perf_counter()
-        server = Server(engine, self.chat, limits=self.limits(), sampling=sampling)
-        async with server:
+        async with Server(engine, self.chat, limits=self.limits(), sampling=sampling) as server:
             runs = await run_agents(
                 server,
                 self.agent,
-                list(tasks)[share],
+                tasks,
                 group_size=group_size,
                 timeout_s=self.rollout.episode_timeout_s,
                 concurrency=self.rollout.concurrency,
@@ -103,4 +96,4 @@ class AgentCollector(Collector):
                 verify=env_judge(self.env_factory),
                 policy_version=version,
             )
-        return Rollout([r.trajectory for r in runs], share.start, time.perf_counter() - t)
+        return [r.trajectory for r in runs]

@@ -67,19 +67,18 @@ def make_app(
             _check_auth(request, api_key)
             body = await _read_json(request, store.limits.max_body_bytes)
             key = request.headers.get(EPISODE_HEADER) or body.get("episode_id")
-            if not key and auto_episodes:
+            one_off = not key and auto_episodes  # plain inference: an episode for this request
+            if one_off:
                 key = store.open()
-                try:
-                    ep = store.lookup(key)
-                    async with ep.lock:
-                        return JSONResponse(await _complete(store, ep, body, model_name, sampling))
-                finally:
+            try:
+                ep = store.lookup(key if isinstance(key, str) else None)
+                if ep.lock.locked():
+                    raise BadRequest(f"episode {ep.key!r} has a request in flight", status=409)
+                async with ep.lock:
+                    return JSONResponse(await _complete(store, ep, body, model_name, sampling))
+            finally:
+                if one_off:
                     await store.close(key)
-            ep = store.lookup(key if isinstance(key, str) else None)
-            if ep.lock.locked():
-                raise BadRequest(f"episode {ep.key!r} has a request in flight", status=409)
-            async with ep.lock:
-                return JSONResponse(await _complete(store, ep, body, model_name, sampling))
         except BadRequest as e:
             return _error(e)
         except Exception as e:  # noqa: BLE001 - the engine failed this request: say so as JSON
