@@ -36,7 +36,7 @@ import re
 import time
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from jaxrl_agents.envs.workers import (
@@ -70,6 +70,15 @@ class ToolError(Exception):
 
 class ArgumentError(ValueError):
     """Arguments do not match a tool's schema."""
+
+
+class InvalidCall(ValueError):
+    """A tool call that is the policy's fault before anything runs (``kind``: malformed, unknown
+    tool or bad arguments); ``message`` is what the model is shown after ``Error: ``."""
+
+    def __init__(self, kind: ToolErrorKind, message: str):
+        super().__init__(message)
+        self.kind, self.message = kind, message
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +264,24 @@ def _check(value: Any, schema: dict[str, Any], path: str) -> Any:
     return value
 
 
+def check_call(call: ToolCall, parameters: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """``call``'s validated arguments (:func:`validate_arguments`) against the object schemas of
+    the tools on offer (``parameters``: name -> its ``parameters`` schema); :class:`InvalidCall`
+    for a call that could not be parsed, names no tool on offer or has bad arguments. The one
+    check of both the built-in tools (:class:`ToolBox`) and an agent's own (the server)."""
+    if call.error is not None:
+        raise InvalidCall(ToolErrorKind.MALFORMED, f"could not parse tool call: {call.error}")
+    if call.name not in parameters:
+        avail = ", ".join(parameters) or "none"
+        raise InvalidCall(
+            ToolErrorKind.UNKNOWN_TOOL, f"unknown tool {call.name!r}. Available: {avail}"
+        )
+    try:
+        return validate_arguments(parameters[call.name], call.arguments)
+    except ArgumentError as e:
+        raise InvalidCall(ToolErrorKind.BAD_ARGUMENTS, f"bad arguments for {call.name}: {e}") from e
+
+
 # -- execution -----------------------------------------------------------------------------------
 
 
@@ -309,18 +336,11 @@ class ToolBox:
             content = truncate("Error: " + message, max_chars)
             return ToolResult(call, content, kind, time.perf_counter() - t0)
 
-        if call.error is not None:
-            return fail(ToolErrorKind.MALFORMED, f"could not parse tool call: {call.error}")
-        t = self.tools.get(call.name)
-        if t is None:
-            avail = ", ".join(self.tools) or "none"
-            return fail(
-                ToolErrorKind.UNKNOWN_TOOL, f"unknown tool {call.name!r}. Available: {avail}"
-            )
         try:
-            args = validate_arguments(t.parameters, call.arguments)
-        except ArgumentError as e:
-            return fail(ToolErrorKind.BAD_ARGUMENTS, f"bad arguments for {t.name}: {e}")
+            args = check_call(call, {name: t.parameters for name, t in self.tools.items()})
+        except InvalidCall as e:
+            return fail(e.kind, e.message)
+        t = self.tools[call.name]
         token = DEADLINE.set(time.monotonic() + timeout_s)
         try:
             async with asyncio.timeout(timeout_s):
@@ -344,9 +364,11 @@ class ToolBox:
 __all__ = [
     "DEFAULT_TOOL_THREADS",
     "ArgumentError",
+    "InvalidCall",
     "Tool",
     "ToolBox",
     "ToolError",
+    "check_call",
     "derive_tool",
     "parse_docstring",
     "set_tool_threads",

@@ -2,7 +2,12 @@
 model-free scripted engine and scripted policies, and packing into fixed-shape device batches."""
 
 from jaxrl_agents.rollout.collector import Collector, DeviceBatch, Rollout
-from jaxrl_agents.rollout.orchestrator import Orchestrator, RolloutConfig, episode_seed
+from jaxrl_agents.rollout.orchestrator import (
+    Orchestrator,
+    RolloutConfig,
+    episode_seed,
+    turn_seed,
+)
 from jaxrl_agents.rollout.packing import Packed, pack, pack_sft
 from jaxrl_agents.rollout.scripted import ScriptedEngine
 
@@ -15,6 +20,7 @@ __all__ = [
     "RolloutConfig",
     "ScriptedEngine",
     "episode_seed",
+    "turn_seed",
     "pack",
     "pack_sft",
 ]

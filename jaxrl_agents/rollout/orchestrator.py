@@ -97,6 +97,13 @@ def episode_seed(seed: int, task_id: str, sample_index: int) -> int:
     return zlib.crc32(f"{seed}/{task_id}/{sample_index}".encode()) & 0x7FFFFFFF
 
 
+def turn_seed(ep_seed: int, turn_index: int) -> int:
+    """The sampling seed of an episode's ``turn_index``-th generation (32 bits, as the engine
+    keeps it). The server's agent episodes use the same rule, so an agent that sends what the
+    built-in loop sends samples the same tokens."""
+    return (ep_seed * 1009 + turn_index) & 0xFFFFFFFF
+
+
 async def score_episode(reward_fn: Callable[[Trajectory], Any], traj: Trajectory) -> None:
     """Apply ``reward_fn`` (e.g. ``RewardComposer.acompute``) to one trajectory. A term that
     raises, or a total that is not finite, ends the episode as ``reward_error`` (reward 0, the
@@ -250,7 +257,7 @@ class Orchestrator:
                     st.end = EndReason.MAX_TOKENS
                     return
                 params = self.sampling_params(
-                    min(cfg.max_new_tokens, budget), ep_seed * 1009 + turn_index
+                    min(cfg.max_new_tokens, budget), turn_seed(ep_seed, turn_index)
                 )
                 t = time.perf_counter()
                 res = await session.generate(new_ids, params)

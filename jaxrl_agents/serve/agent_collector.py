@@ -8,9 +8,12 @@ port for the duration of the call and runs the agent episodes with :func:`run_ag
 trajectories hold the exact sampled ids (token capture), the env judges each final answer
 (:func:`env_judge`), and scoring, packing and the update work on them unchanged. Sampling is the
 collector's, not the agent's: training samples with the ``rollout.sampling`` settings the update's
-log-probs assume, evaluation greedily, whatever ``temperature`` the agent sends. The rollout
-limits bound each request (``max_new_tokens``) and each recorded segment
-(``max_total_tokens``); ``episode_timeout_s`` ends an agent that hangs.
+log-probs assume, evaluation greedily, whatever ``temperature`` the agent sends, and each
+episode is seeded as the built-in loop seeds it. The rollout limits bound each request
+(``max_new_tokens``), each recorded segment (``max_total_tokens``) and each episode's requests
+(``max_turns``: the request past it is refused, the episode ends ``max_turns``); a turn cut
+off by ``max_new_tokens`` ends its episode ``max_tokens`` with no answer, as in the built-in
+loop; ``episode_timeout_s`` ends an agent that hangs.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class AgentCollector(Collector):
             max_tokens=r.max_new_tokens,
             default_max_tokens=r.max_new_tokens,
             max_segment_tokens=r.max_total_tokens,
+            max_requests=r.max_turns,
+            continue_truncated=False,
         )
 
     async def episodes(

@@ -10,8 +10,12 @@ For every task ``G`` episodes run concurrently, each with its own episode key (s
 client as ``X-Episode-Id``), so their records never mix. An agent that raises ends only its own
 episode (``env_error``, the error kept) and one that runs past ``timeout_s`` is cancelled
 (``episode_timeout``), as the orchestrator ends episodes whose env fails or hangs; the turns
-sampled until then are kept. An agent that returns ends ``answered`` (``max_tokens`` /
-``context_full`` when its last turn was cut off by a length limit).
+sampled until then are kept. An agent that returns ends ``answered``, or ``max_tokens`` /
+``context_full`` when its last turn was cut off by a length limit: then, as in the built-in loop,
+the episode has no answer (what the agent returned is kept in the last turn's
+``final_answer`` annotation, not judged). An agent that raises because the server refused to go
+on (the request limit, a truncated turn the rollout does not continue) ends with the server's
+reason: ``max_turns``, ``max_tokens``.
 
 **Which tokens train** (episodes whose agent rewrote its history have several segments, see
 :mod:`jaxrl_agents.serve.episodes`): the trajectory holds the episode's *last* segment only,
@@ -38,7 +42,7 @@ from typing import Any
 
 import openai
 
-from jaxrl_agents.rollout.orchestrator import score_episode
+from jaxrl_agents.rollout.orchestrator import episode_seed, score_episode
 from jaxrl_agents.serve.episodes import EpisodeRecord
 from jaxrl_agents.serve.server import Server
 from jaxrl_agents.types import Ann, EndReason, Task, Trajectory, Verdict
@@ -124,20 +128,22 @@ async def run_agent_episode(
     text = None if answer is None else str(answer)
     record = await server.close_episode(key, final_answer=text)
     traj = _trajectory(record, task, end, error, group_id, sample_index, policy_version)
+    judged = text
     if end == EndReason.ANSWERED and traj.turns and traj.turns[-1].finish_reason != "stop":
         traj.end_reason = record.end_hint or EndReason.MAX_TOKENS
+        judged = None  # a cut-off turn is no answer (module docstring)
     elif end == EndReason.ENV_ERROR and record.end_hint is not None:
         traj.end_reason = record.end_hint  # the agent gave up because the server stopped it
     if traj.turns:
-        traj.turns[-1].annotations[Ann.ANSWERED] = text is not None
+        traj.turns[-1].annotations[Ann.ANSWERED] = judged is not None
         traj.turns[-1].annotations["final_answer"] = text
     traj.timings["wall_s"] = time.perf_counter() - t0
     if verify is not None:
         try:
             async with asyncio.timeout(max(1.0, timeout_s / 4)):
-                out = verify(task, text)
+                out = verify(task, judged)
                 traj.verdict = await out if asyncio.iscoroutine(out) else out
-            traj.verdict.info.setdefault(Ann.ANSWER, text)
+            traj.verdict.info.setdefault(Ann.ANSWER, judged)
         except Exception as e:  # noqa: BLE001
             traj.error = (traj.error or "") + f"verify failed: {type(e).__name__}: {e}"
     if reward_fn is not None:
@@ -188,8 +194,10 @@ async def run_agents(
 ) -> list[AgentRun]:
     """``len(tasks) * group_size`` agent episodes, concurrently (at most ``concurrency`` at
     once; keep it at most the engine's slots when agents ask for ``n > 1``); results ordered by
-    (task, sample), ``group_id`` the task's index. ``client_factory(key)`` builds each
-    episode's client (default: :func:`openai_client`)."""
+    (task, sample), ``group_id`` the task's index. Episodes are seeded as the built-in loop
+    seeds them (``episode_seed(seed, task.id, sample)``, then the server's per-request rule), so
+    an agent that sends what the built-in loop sends samples the same tokens.
+    ``client_factory(key)`` builds each episode's client (default: :func:`openai_client`)."""
     if group_size < 1 or concurrency < 1 or timeout_s <= 0:
         raise ValueError(
             f"need group_size >= 1, concurrency >= 1, timeout_s > 0; got {group_size}, "
@@ -206,7 +214,7 @@ async def run_agents(
                 timeout_s=timeout_s,
                 group_id=i,
                 sample_index=k,
-                seed=seed * 1_000_003 + i * group_size + k,
+                seed=episode_seed(seed, task.id, k),
                 verify=verify,
                 reward_fn=reward_fn,
                 policy_version=policy_version,

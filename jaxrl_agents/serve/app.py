@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from jaxrl_agents.generation.config import Sampling, SamplingParams
-from jaxrl_agents.rollout.orchestrator import episode_seed
+from jaxrl_agents.rollout.orchestrator import episode_seed, turn_seed
 from jaxrl_agents.serve.episodes import Choice, EpisodeStore, ServeLimits
 from jaxrl_agents.serve.messages import BadRequest, openai_message
 from jaxrl_agents.types import EndReason
@@ -100,9 +100,15 @@ async def _complete(
     lim, chat = store.limits, store.chat
     messages, tools, choice, n, max_tokens = _check_request(body, lim)
     stops = _stop_sequences(body.get("stop"), chat, lim.max_stop)
-    seed = body.get("seed")
-    seed = episode_seed(ep.seed, "serve", ep.requests) if seed is None else _int(body, "seed", 0)
+    seeds = _choice_seeds(body, ep, n)
 
+    if ep.requests >= lim.max_requests:
+        ep.end_hint = EndReason.MAX_TURNS
+        raise BadRequest(
+            f"the episode has made {ep.requests} requests: "
+            f"limits.max_requests={lim.max_requests} reached",
+            param="messages",
+        )
     new_ids = await store.prepare(ep, messages, tools)
     room = store.room(ep)
     if room < 1:
@@ -128,7 +134,7 @@ async def _complete(
                 max_new_tokens=min(max_tokens, room),
                 stop_token_ids=tuple(chat.stop_token_ids),
                 stop_sequences=stops,
-                seed=(seed + k) & 0x7FFFFFFF,
+                seed=seeds[k],
             )
             for k in range(n)
         ]
@@ -258,6 +264,18 @@ def _stop_sequences(stop: Any, chat: Any, limit: int) -> tuple[tuple[int, ...], 
     if len(stops) > limit:
         raise BadRequest(f"{len(stops)} stop strings > limits.max_stop={limit}", param="stop")
     return tuple(tuple(chat.encode_plain(s)) for s in stops)
+
+
+def _choice_seeds(body: dict, ep: Any, n: int) -> list[int]:
+    """The sampling seed of each of the ``n`` choices. A request without ``seed`` takes the
+    built-in loop's rule for its first choice (:func:`turn_seed` of the episode's seed and its
+    request count), so an agent that sends what the built-in loop sends samples the same tokens;
+    further choices get seeds of their own."""
+    if body.get("seed") is not None:
+        base = _int(body, "seed", 0)
+        return [(base + k) & 0xFFFFFFFF for k in range(n)]
+    first = turn_seed(ep.seed, ep.requests)
+    return [first] + [episode_seed(ep.seed, f"serve/{ep.requests}", k) for k in range(1, n)]
 
 
 def _error(e: BadRequest) -> JSONResponse:

@@ -28,6 +28,13 @@ is kept: its ids join the segment, its session becomes the segment's, the others
 a segment ends without its last request being continued (the episode is closed, or the next
 request rewrites history), the first choice is kept, or at close the choice whose content equals
 the agent's final answer.
+
+**Tool calls.** The agent runs its tools; the store sees their results only as the tool messages
+of the next request, which become the turn's tool results. A call that is the policy's fault
+before anything runs (unparsable, a tool the request did not offer, arguments that break the
+offered schema: :func:`~jaxrl_agents.envs.tools.check_call`, the built-in tools' own check) is
+recorded as that turn's tool error of its kind when the turn is sampled, so the reward terms and
+reports that read invalid calls see an agent's as they see the built-in loop's.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import dataclasses
 import secrets
 from typing import Any
 
+from jaxrl_agents.envs.tools import InvalidCall, check_call
 from jaxrl_agents.rollout.orchestrator import decode_sampled
 from jaxrl_agents.serve.messages import BadRequest, canonical, served_message, template_message
 from jaxrl_agents.types import EndReason, Message, Task, ToolCall, ToolResult, Turn
@@ -60,10 +68,16 @@ class ServeLimits:
     """Prompt + turns + continuations of one recorded segment (a training sequence)."""
     max_stop: int = 4
     """``stop`` strings of one request."""
+    max_requests: int = 1024
+    """Requests (model turns) of one episode: ``rollout.max_turns`` for an agent rollout."""
+    continue_truncated: bool = True
+    """Whether a request may continue a turn cut off by a length limit (``finish_reason``
+    ``length``), in a new segment. An agent rollout refuses it and the episode ends
+    ``max_tokens``, as the built-in loop ends it (the template cannot continue such a turn)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            if getattr(self, f.name) < 1:
+            if f.type not in ("bool", bool) and getattr(self, f.name) < 1:
                 raise ValueError(f"ServeLimits.{f.name} must be >= 1, got {getattr(self, f.name)}")
 
 
@@ -114,7 +128,8 @@ class EpisodeRecord:
     requests: int
     end_hint: EndReason | None = None
     """Set when the server ended the episode's growth itself: ``max_tokens`` (segment token
-    limit reached) or ``context_full`` (the engine's context is full)."""
+    limit reached, or a truncated turn it would not continue), ``max_turns`` (request limit)
+    or ``context_full`` (the engine's context is full)."""
 
 
 class _Episode:
@@ -205,6 +220,14 @@ class EpisodeStore:
                 keep = _continued(ep.pending, got[len(served)], rendered[len(served)])
             if keep is not None and not ep.pending[keep].stopped:
                 start = "cut_off"
+                if ep.pending[keep].finish_reason != "stop" and not self.limits.continue_truncated:
+                    ep.end_hint = EndReason.MAX_TOKENS
+                    raise BadRequest(
+                        "the last turn was cut off by a length limit (finish_reason "
+                        f"{ep.pending[keep].finish_reason!r}) and this episode may not continue "
+                        "it (limits.continue_truncated=false)",
+                        param="messages",
+                    )
         if seg is not None and keep is not None and start != "cut_off":
             new = rendered[len(seg.messages) + 1 :]
             ids = self._render(self.chat.continuation_ids, new, tools)
@@ -320,6 +343,7 @@ class EpisodeStore:
                 text=choice.text,
                 tool_calls=list(choice.calls),
                 finish_reason=choice.finish_reason,
+                tool_results=_invalid_calls(choice.calls, seg.tools),
             )
         )
 
@@ -350,10 +374,28 @@ class EpisodeStore:
         if not seg.turns:
             return
         turn = seg.turns[-1]
-        by_id = {c.id: c for c in turn.tool_calls if c.error is None}  # the served ids
+        judged = {id(r.call) for r in turn.tool_results}  # invalid calls, recorded as such
+        by_id = {c.id: c for c in turn.tool_calls if id(c) not in judged}  # the served ids
         for m in new:
             if m["role"] == "tool" and m.get("tool_call_id") in by_id:
                 turn.tool_results.append(ToolResult(by_id[m["tool_call_id"]], m["content"]))
+
+
+def _invalid_calls(calls: list[ToolCall], tools: list[dict[str, Any]]) -> list[ToolResult]:
+    """The policy's invalid calls among ``calls`` against the request's ``tools`` (see the
+    module docstring), as tool errors of their kind."""
+    offered = {
+        t["function"]["name"]: t["function"].get("parameters") or {}
+        for t in tools
+        if isinstance(t.get("function"), dict) and "name" in t["function"]
+    }
+    out = []
+    for call in calls:
+        try:
+            check_call(call, offered)
+        except InvalidCall as e:
+            out.append(ToolResult(call, "Error: " + e.message, e.kind))
+    return out
 
 
 def _continued(pending: list[Choice], key: tuple, message: Message) -> int | None:

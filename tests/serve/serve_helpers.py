@@ -7,8 +7,11 @@ import asyncio
 import json
 from typing import Any
 
+from flax import nnx
+
 from jaxrl_agents.envs import ENVIRONMENTS
 from jaxrl_agents.envs.calculator import evaluate, format_number
+from jaxrl_agents.models import ModelConfig, Transformer
 from jaxrl_agents.serve import Server
 
 Calc = ENVIRONMENTS["calculator"]
@@ -16,11 +19,13 @@ Calc = ENVIRONMENTS["calculator"]
 
 class Recorder:
     """Wraps an engine: every ``generate`` of every session is logged as
-    ``(session number, new ids fed, result)``, in call order."""
+    ``(session number, new ids fed, result)`` and ``(session number, sampling params)``, in call
+    order."""
 
     def __init__(self, engine: Any):
         self.engine = engine
         self.calls: list[tuple[int, list[int], Any]] = []
+        self.params: list[tuple[int, Any]] = []
         self.opened = self.closed = 0
 
     async def open_session(self) -> _RecordedSession:
@@ -37,6 +42,7 @@ class _RecordedSession:
         return getattr(self._inner, name)
 
     async def generate(self, new_ids: list[int], params: Any) -> Any:
+        self._rec.params.append((self.number, params))
         res = await self._inner.generate(new_ids, params)
         self._rec.calls.append((self.number, list(new_ids), res))
         return res
@@ -94,3 +100,24 @@ def serve(engine: Any, chat: Any, body, **server_kw) -> Any:
             return await body(server)
 
     return asyncio.run(main())
+
+
+def tiny_policy(chat: Any) -> Transformer:
+    """A random tiny policy that ends its turns after a few tokens: every embedding shares a
+    large component along one axis, so the final hidden state points along it, and the LM head
+    reads the stop token's logit from that axis alone."""
+    cfg = ModelConfig(
+        model_type="qwen2",
+        vocab_size=len(chat.tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    stop = chat.stop_token_ids[0]
+    model.embed[...] = model.embed[...].at[:, 0].add(5.0)
+    model.lm_head[...] = model.lm_head[...].at[0, :].set(0.0).at[0, stop].set(0.75)
+    return model

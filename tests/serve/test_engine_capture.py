@@ -11,11 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from serve_helpers import Calc, Recorder, calculator
+from serve_helpers import Calc, Recorder, calculator, tiny_policy
 
 from jaxrl_agents.algos import AdvantageConfig, LossConfig
 from jaxrl_agents.generation import Engine, EngineConfig
-from jaxrl_agents.models import ModelConfig, Transformer
 from jaxrl_agents.rollout.collector import Collector, Rollout
 from jaxrl_agents.rollout.orchestrator import RolloutConfig
 from jaxrl_agents.serve import Server, run_agents
@@ -23,27 +22,6 @@ from jaxrl_agents.serve.messages import template_message
 from jaxrl_agents.training.step import OptimizerConfig, init_train_state
 from jaxrl_agents.training.update import make_rl_update
 from jaxrl_agents.types import EndReason
-
-
-def _tiny_policy(chat) -> Transformer:
-    """A random tiny policy that ends its turns after a few tokens: every embedding shares a
-    large component along one axis, so the final hidden state points along it, and the LM head
-    reads the stop token's logit from that axis alone."""
-    cfg = ModelConfig(
-        model_type="qwen2",
-        vocab_size=len(chat.tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
-    stop = chat.stop_token_ids[0]
-    model.embed[...] = model.embed[...].at[:, 0].add(5.0)
-    model.lm_head[...] = model.lm_head[...].at[0, :].set(0.0).at[0, stop].set(0.75)
-    return model
 
 
 async def chatty_agent(client, task, logs):
@@ -71,7 +49,7 @@ async def chatty_agent(client, task, logs):
 
 @pytest.fixture(scope="module")
 def served(chat):
-    model = _tiny_policy(chat)
+    model = tiny_policy(chat)
     engine = Engine(
         model,
         EngineConfig(max_slots=4, max_seq_len=512, prefill_buckets=(64, 256), decode_chunk=8),
