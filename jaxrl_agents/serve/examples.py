@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from jaxrl_agents.envs.calculator.arithmetic import evaluate, format_number
+from jaxrl_agents.envs.tools import ToolError
 
 SYSTEM = "Use the calculator tool for arithmetic. Reply with only the final number."
 TOOLS = [
@@ -34,12 +35,15 @@ MAX_TURNS = 6
 
 
 def run_calculator(arguments: str) -> str:
-    """One ``calculator`` call, as the agent's own tool: the result, or an error text."""
+    """One ``calculator`` call, as the agent's own tool: the result, or an error text worded
+    as the calculator env words it (so the demo's two paths show the model the same text)."""
     try:
         expression = json.loads(arguments)["expression"]
         return format_number(evaluate(str(expression))[0])
+    except ToolError as e:  # the arithmetic's own message ("invalid expression ...")
+        return f"Error: {e}"
     except Exception as e:  # noqa: BLE001 - a tool error goes back to the model as text
-        return f"Error: {type(e).__name__}: {e}"
+        return f"Error: calculator failed: {type(e).__name__}: {e}"
 
 
 async def calculator_agent(client: Any, task: Any) -> str:
