@@ -147,3 +147,29 @@ def test_bench_lora_fields():
     assert out["lora"]["trainable_params"] < 0.05 * out["full"]["trainable_params"]
     assert out["trainable_state_frac"] < 0.05
     assert out["lora"]["rollout_unmerged_s"] > 0  # the unmerged sampler measured too
+
+
+def test_bench_peers_tabulates_a_harness_run(tmp_path):
+    """The side-by-side table of a peers-harness results folder (the peers themselves are never
+    a test dependency): medians over rounds, ratios the right way round, token agreement."""
+    for tag, ours, vllm in (("r1", (500.0, 10.0, 30.0), (600.0, 9.0, 27.0)),
+                            ("r2", (520.0, 11.0, 31.0), (640.0, 9.5, 28.0))):  # fmt: skip
+        for eng, (tok_s, mt, group) in (("ours", ours), ("vllm_inproc", vllm)):
+            row = {"batch_tok_s": tok_s, "mt_total_s": mt, "group_s": group, "version": eng}
+            (tmp_path / f"{eng}.{tag}.json").write_text(json.dumps(row))
+    toks = {"batch": [[1, 2], [3, 4]], "multiturn": [[[1], [2]], [[3], [4]]]}
+    (tmp_path / "ours.r1.tokens.json").write_text(json.dumps(toks))
+    toks["batch"][1] = [3, 5]
+    (tmp_path / "vllm_inproc.r1.tokens.json").write_text(json.dumps(toks))
+    p = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench_peers.py"), "--results", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    rows = {line.split("|")[1].strip()[:5]: line for line in p.stdout.splitlines() if "|" in line}
+    assert "| 510 tok/s | 620 tok/s | 0.82x |" in rows["batch"]  # higher is better: 510 / 620
+    assert "| 10.5 s | 9.25 s | 0.88x |" in rows["16 se"]  # lower is better: 9.25 / 10.5
+    assert "| 30.5 s | 27.5 s | 0.90x |" in rows["RL gr"]
+    assert "batch 1/2 rows; multiturn 4/4 rows" in p.stdout and "Rounds: 2" in p.stdout

@@ -282,6 +282,20 @@ def check_call(call: ToolCall, parameters: Mapping[str, dict[str, Any]]) -> dict
         raise InvalidCall(ToolErrorKind.BAD_ARGUMENTS, f"bad arguments for {call.name}: {e}") from e
 
 
+def invalid_call_results(
+    calls: Iterable[ToolCall], parameters: Mapping[str, dict[str, Any]]
+) -> list[ToolResult]:
+    """A tool error of its kind (``Error: <why>``) for each of ``calls`` that
+    :func:`check_call` rejects against ``parameters``: how a call that never runs is recorded."""
+    out = []
+    for call in calls:
+        try:
+            check_call(call, parameters)
+        except InvalidCall as e:
+            out.append(ToolResult(call, "Error: " + e.message, e.kind))
+    return out
+
+
 # -- execution -----------------------------------------------------------------------------------
 
 
@@ -370,6 +384,7 @@ __all__ = [
     "ToolError",
     "check_call",
     "derive_tool",
+    "invalid_call_results",
     "parse_docstring",
     "set_tool_threads",
     "tool",

@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from jaxrl_agents.envs.tools import invalid_call_results
 from jaxrl_agents.generation.config import Sampling
 from jaxrl_agents.types import (
     Ann,
@@ -36,6 +37,9 @@ from jaxrl_agents.types import (
     Trajectory,
     Turn,
 )
+
+MALFORMED_CALLS = ("feedback", "as_text")
+"""The values of ``RolloutConfig.malformed_calls``."""
 
 
 @dataclasses.dataclass
@@ -58,12 +62,18 @@ class RolloutConfig:
     """Temperature and filters of training rollouts (and of ``jaxrl-eval`` with ``samples > 1``,
     e.g. ``rollout.sampling.temperature=0.7``); held-out evaluation with one sample per task is
     greedy."""
+    malformed_calls: str = "feedback"
+    """What a tool call that cannot be parsed does: ``feedback`` (an error tool message the
+    model reads; the episode goes on) or ``as_text`` (as an OpenAI-compatible server shows it
+    to an agent: no call, so a turn left without a parsed call is the final answer). Either way
+    it is recorded as a ``malformed`` invalid call. Agent rollouts (``agent``) are ``as_text``
+    by nature."""
     agent: str | None = None
     """An agent function in place of the built-in episode loop: the import path
     (``package.module:function``) of an ``async (client, task) -> final answer`` that talks to
     the policy through an ``openai.AsyncOpenAI`` client (``jaxrl_agents.serve.agent_collector``;
-    needs the ``serve`` extra). Training and evaluation use it; ``max_turns`` is then the agent's
-    own business."""
+    needs the ``serve`` extra). Training and evaluation use it, under the same limits
+    (``max_turns``, ``max_new_tokens``, ``max_total_tokens``) and sampling seeds."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -77,6 +87,11 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.episode_timeout_s <= 0:
             raise ValueError(f"rollout.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+        if self.malformed_calls not in MALFORMED_CALLS:
+            raise ValueError(
+                f"rollout.malformed_calls={self.malformed_calls!r}; expected one of "
+                f"{', '.join(MALFORMED_CALLS)}"
+            )
 
 
 class _Session(Protocol):
@@ -284,6 +299,10 @@ class Orchestrator:
                     finish_reason=res.finish_reason,
                     latency_s={"generate": gen_s},
                 )
+                unparsed = []
+                if cfg.malformed_calls == "as_text":  # not run, not shown: see RolloutConfig
+                    unparsed = invalid_call_results([c for c in calls if c.error], {})
+                    calls = [c for c in calls if not c.error]
                 st.turns.append(turn)
                 st.messages.append(message)
                 if res.finish_reason != "stop":
@@ -299,7 +318,7 @@ class Orchestrator:
                 env_s = time.perf_counter() - t
                 st.timings["env_s"] += env_s
                 turn.latency_s["env"] = env_s
-                turn.tool_results = list(step.tool_results)
+                turn.tool_results = unparsed + list(step.tool_results)
                 turn.annotations = dict(step.annotations)
                 turn.env_reward = step.reward
                 if step.done:

@@ -44,7 +44,7 @@ import dataclasses
 import secrets
 from typing import Any
 
-from jaxrl_agents.envs.tools import InvalidCall, check_call
+from jaxrl_agents.envs.tools import invalid_call_results
 from jaxrl_agents.rollout.orchestrator import decode_sampled
 from jaxrl_agents.serve.messages import BadRequest, canonical, served_message, template_message
 from jaxrl_agents.types import EndReason, Message, Task, ToolCall, ToolResult, Turn
@@ -343,7 +343,7 @@ class EpisodeStore:
                 text=choice.text,
                 tool_calls=list(choice.calls),
                 finish_reason=choice.finish_reason,
-                tool_results=_invalid_calls(choice.calls, seg.tools),
+                tool_results=invalid_call_results(choice.calls, _offered(seg.tools)),
             )
         )
 
@@ -381,21 +381,13 @@ class EpisodeStore:
                 turn.tool_results.append(ToolResult(by_id[m["tool_call_id"]], m["content"]))
 
 
-def _invalid_calls(calls: list[ToolCall], tools: list[dict[str, Any]]) -> list[ToolResult]:
-    """The policy's invalid calls among ``calls`` against the request's ``tools`` (see the
-    module docstring), as tool errors of their kind."""
-    offered = {
+def _offered(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Name -> parameters schema of the tools a request offered (OpenAI ``tools`` form)."""
+    return {
         t["function"]["name"]: t["function"].get("parameters") or {}
         for t in tools
         if isinstance(t.get("function"), dict) and "name" in t["function"]
     }
-    out = []
-    for call in calls:
-        try:
-            check_call(call, offered)
-        except InvalidCall as e:
-            out.append(ToolResult(call, "Error: " + e.message, e.kind))
-    return out
 
 
 def _continued(pending: list[Choice], key: tuple, message: Message) -> int | None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 from typing import Any
 
+import pytest
 from serve_helpers import Calc, Recorder, tiny_policy
 
 from jaxrl_agents.envs.calculator import oracle_policy
@@ -187,3 +189,38 @@ def agent_error(chat, tasks, rollout):
         ScriptedEngine(chat, policy_factory=oracle_policy), chat, tasks, rollout=rollout
     )
     return agent[0].error
+
+
+def _malformed_then_answer(task):
+    """A call that does not parse, then (if the episode goes on) the answer."""
+
+    def act(messages):
+        if messages[-1]["role"] == "user":
+            return {"role": "assistant", "content": '<tool_call>\n{"name": "calculator", \n'}
+        return {"role": "assistant", "content": str(task.data["answer"])}
+
+    return act
+
+
+def test_malformed_calls_as_text_is_what_an_agent_sees(chat):
+    """``rollout.malformed_calls=as_text``: the built-in loop treats an unparsable call as an
+    OpenAI-compatible server shows it to an agent (plain text, so the turn is the final answer);
+    ``feedback`` (the default) shows the model the parse error and goes on."""
+    tasks = Calc.make_tasks("train", 2, seed=0)
+    engine = ScriptedEngine(chat, policy_factory=_malformed_then_answer)
+    as_text = dataclasses.replace(ROLLOUT, group_size=1, malformed_calls="as_text")
+    builtin, agent = _both(engine, chat, tasks, rollout=as_text)
+    feedback, _ = _both(
+        engine, chat, tasks, rollout=dataclasses.replace(as_text, malformed_calls="feedback")
+    )
+    for a, b, f in zip(builtin, agent, feedback, strict=True):
+        assert a.token_ids == b.token_ids and len(a.turns) == len(b.turns) == 1
+        assert not a.success and not b.success and a.end_reason == b.end_reason
+        for t in (a, b):
+            assert [r.error_kind for r in t.turns[0].tool_results] == [ToolErrorKind.MALFORMED]
+            assert tool_validity(t) == [-0.2]
+        assert len(f.turns) == 2 and f.success  # the parse error was shown; the answer followed
+    with pytest.raises(
+        ValueError, match="rollout.malformed_calls='drop'; expected one of feedback, as_text"
+    ):
+        RolloutConfig(malformed_calls="drop")
