@@ -32,9 +32,10 @@ the agent's final answer.
 **Tool calls.** The agent runs its tools; the store sees their results only as the tool messages
 of the next request, which become the turn's tool results. A call that is the policy's fault
 before anything runs (unparsable, a tool the request did not offer, arguments that break the
-offered schema: :func:`~jaxrl_agents.envs.tools.check_call`, the built-in tools' own check) is
-recorded as that turn's tool error of its kind when the turn is sampled, so the reward terms and
-reports that read invalid calls see an agent's as they see the built-in loop's.
+offered schema: :func:`~jaxrl_agents.envs.tools.check_call`, the built-in tools' own check) in a
+turn that ended with a stop is recorded as that turn's tool error of its kind, so the reward terms
+and reports that read invalid calls see an agent's as they see the built-in loop's (a turn cut
+off by a length limit is truncated, not invalid: the built-in loop runs none of its calls).
 """
 
 from __future__ import annotations
@@ -343,7 +344,11 @@ class EpisodeStore:
                 text=choice.text,
                 tool_calls=list(choice.calls),
                 finish_reason=choice.finish_reason,
-                tool_results=invalid_call_results(choice.calls, _offered(seg.tools)),
+                # a turn cut off by a length limit is truncated, not an invalid call (as in the
+                # built-in loop, which runs no call of such a turn)
+                tool_results=invalid_call_results(choice.calls, _offered(seg.tools))
+                if choice.finish_reason == "stop"
+                else [],
             )
         )
 

@@ -170,25 +170,26 @@ def _rambling(task):
 def test_a_turn_cut_off_by_max_new_tokens_is_no_answer_on_both_paths(chat):
     """A tool call or an answer cut off by ``max_new_tokens``: the built-in loop ends the
     episode ``max_tokens`` with no answer; through the agent the server refuses to continue the
-    cut-off call, and the cut-off answer the agent returns is not judged."""
-    short = RolloutConfig(group_size=1, max_turns=4, max_new_tokens=24, max_total_tokens=384)
+    cut-off call, the cut-off answer the agent returns is not judged, and a call cut off in its
+    middle is truncated, not an invalid call."""
     tasks = Calc.make_tasks("train", 2, seed=0, two_step_frac=1.0)
-    for factory in (oracle_policy, _rambling):  # the second call is 25 tokens / the answer runs on
-        builtin, agent = _both(
-            ScriptedEngine(chat, policy_factory=factory), chat, tasks, rollout=short
-        )
+    errors = []
+    # the second call is 25 tokens (its stop token is cut off) / the first is cut in its JSON /
+    # the answer runs on
+    for factory, new in ((oracle_policy, 24), (oracle_policy, 16), (_rambling, 24)):
+        short = RolloutConfig(group_size=1, max_turns=4, max_new_tokens=new, max_total_tokens=384)
+        engine = ScriptedEngine(chat, policy_factory=factory)
+        builtin, agent = _both(engine, chat, tasks, rollout=short)
         for a, b in zip(builtin, agent, strict=True):
             assert a.end_reason == b.end_reason == EndReason.MAX_TOKENS, (b.end_reason, b.error)
             assert a.token_ids == b.token_ids and not a.success and not b.success
             assert b.turns[-1].finish_reason == "length"
-    assert "limits.continue_truncated=false" in agent_error(chat, tasks, short)
-
-
-def agent_error(chat, tasks, rollout):
-    _, agent = _both(
-        ScriptedEngine(chat, policy_factory=oracle_policy), chat, tasks, rollout=rollout
-    )
-    return agent[0].error
+            assert not b.turns[-1].tool_results  # truncated, not an invalid call
+            assert tool_validity(a) == tool_validity(b)
+            errors.append(b.error or "")
+            if new == 16:  # the unparsable rest of a call: recorded as no invalid call
+                assert [c.error is not None for c in b.turns[-1].tool_calls] == [True]
+    assert all("limits.continue_truncated=false" in e for e in errors[:2]), errors
 
 
 def _malformed_then_answer(task):
