@@ -4,8 +4,9 @@
     jaxrl-train rollout.agent=jaxrl_agents.serve.examples:calculator_agent
 
 The agent knows nothing of this package's envs beyond the task's question: it sends the
-question with an OpenAI ``tools`` schema, evaluates each ``calculator`` call itself, sends the
-result back as a ``tool`` message and returns the model's first reply without a tool call.
+question with an OpenAI ``tools`` schema, checks and evaluates each call itself (its error texts
+worded as the calculator env's), sends the result back as a ``tool`` message and returns the
+model's first reply without a tool call.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 from typing import Any
 
 from jaxrl_agents.envs.calculator.arithmetic import evaluate, format_number
-from jaxrl_agents.envs.tools import ToolError
+from jaxrl_agents.envs.tools import ArgumentError, ToolError, truncate, validate_arguments
 
 SYSTEM = "Use the calculator tool for arithmetic. Reply with only the final number."
 TOOLS = [
@@ -32,18 +33,24 @@ TOOLS = [
     }
 ]
 MAX_TURNS = 6
+MAX_CHARS = 200  # the calculator env's tool_output_max_chars (configs/env/calculator.yaml)
 
 
-def run_calculator(arguments: str) -> str:
-    """One ``calculator`` call, as the agent's own tool: the result, or an error text worded
-    as the calculator env words it (so the demo's two paths show the model the same text)."""
+def run_tool(name: str, arguments: str) -> str:
+    """One tool call, as the agent's own tool dispatch: the result, or an error text worded as
+    the calculator env words it (unknown tool, bad arguments, the arithmetic's own message), cut
+    at the env's 200 characters, so the demo's two paths show the model the same text."""
+    if name != "calculator":
+        return f"Error: unknown tool {name!r}. Available: calculator"
     try:
-        expression = json.loads(arguments)["expression"]
-        return format_number(evaluate(str(expression))[0])
+        args = validate_arguments(TOOLS[0]["function"]["parameters"], json.loads(arguments))
+        return truncate(format_number(evaluate(args["expression"])[0]), MAX_CHARS)
+    except ArgumentError as e:
+        return truncate(f"Error: bad arguments for calculator: {e}", MAX_CHARS)
     except ToolError as e:  # the arithmetic's own message ("invalid expression ...")
-        return f"Error: {e}"
+        return truncate(f"Error: {e}", MAX_CHARS)
     except Exception as e:  # noqa: BLE001 - a tool error goes back to the model as text
-        return f"Error: calculator failed: {type(e).__name__}: {e}"
+        return truncate(f"Error: calculator failed: {type(e).__name__}: {e}", MAX_CHARS)
 
 
 async def calculator_agent(client: Any, task: Any) -> str:
@@ -59,6 +66,6 @@ async def calculator_agent(client: Any, task: Any) -> str:
         if not message.tool_calls:
             return message.content or ""
         for call in message.tool_calls:
-            result = run_calculator(call.function.arguments)
+            result = run_tool(call.function.name, call.function.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     return ""

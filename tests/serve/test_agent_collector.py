@@ -54,7 +54,7 @@ def test_train_through_an_agent_function(tmp_path, monkeypatch):
     "agent, needle",
     [
         ("jaxrl_agents.serve.examples:nope", "cannot import it"),
-        ("jaxrl_agents.serve.examples:run_calculator", "is not an async function"),
+        ("jaxrl_agents.serve.examples:run_tool", "is not an async function"),
     ],
 )
 def test_a_bad_agent_path_stops_in_one_line(agent, needle, tmp_path, capsys, monkeypatch):

@@ -124,6 +124,9 @@ def test_invalid_calls_are_the_same_tool_errors_on_both_paths(chat):
     engine = ScriptedEngine(chat, policy_factory=_invalid_then_answer)
     long = RolloutConfig(group_size=1, max_turns=4, max_new_tokens=160, max_total_tokens=512)
     builtin, agent = _both(engine, chat, tasks, rollout=long)
+    as_text = dataclasses.replace(long, malformed_calls="as_text")
+    for a, b in zip(_both(engine, chat, tasks, rollout=as_text)[0], agent, strict=True):
+        assert a.token_ids == b.token_ids  # the agent words its tool errors as the env does
     for a, b in zip(builtin, agent, strict=True):
         assert a.success and b.success, (a.error, b.error)
         kinds = [sorted(str(r.error_kind) for r in t.turns[0].tool_results) for t in (a, b)]
