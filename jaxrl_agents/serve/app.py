@@ -102,13 +102,6 @@ async def _complete(
     stops = _stop_sequences(body.get("stop"), chat, lim.max_stop)
     seeds = _choice_seeds(body, ep, n)
 
-    if ep.requests >= lim.max_requests:
-        ep.end_hint = EndReason.MAX_TURNS
-        raise BadRequest(
-            f"the episode has made {ep.requests} requests: "
-            f"limits.max_requests={lim.max_requests} reached",
-            param="messages",
-        )
     new_ids = await store.prepare(ep, messages, tools)
     room = store.room(ep)
     if room < 1:

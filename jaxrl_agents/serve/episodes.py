@@ -207,6 +207,13 @@ class EpisodeStore:
         self, ep: _Episode, messages: list[Any], tools: list[dict[str, Any]]
     ) -> list[int]:
         """Record a request's messages; returns the ids to feed the segment's session."""
+        if ep.requests >= self.limits.max_requests:
+            ep.end_hint = EndReason.MAX_TURNS
+            raise BadRequest(
+                f"the episode has made {ep.requests} requests: "
+                f"limits.max_requests={self.limits.max_requests} reached",
+                param="messages",
+            )
         ep.requests += 1
         self.stats["requests"] += 1
         rendered = [template_message(m, i) for i, m in enumerate(messages)]

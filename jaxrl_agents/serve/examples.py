@@ -15,7 +15,8 @@ import json
 from typing import Any
 
 from jaxrl_agents.envs.calculator.arithmetic import evaluate, format_number
-from jaxrl_agents.envs.tools import ArgumentError, ToolError, truncate, validate_arguments
+from jaxrl_agents.envs.tools import InvalidCall, ToolError, check_call, truncate
+from jaxrl_agents.types import ToolCall
 
 SYSTEM = "Use the calculator tool for arithmetic. Reply with only the final number."
 TOOLS = [
@@ -38,16 +39,14 @@ MAX_CHARS = 200  # the calculator env's tool_output_max_chars (configs/env/calcu
 
 def run_tool(name: str, arguments: str) -> str:
     """One tool call, as the agent's own tool dispatch: the result, or an error text worded as
-    the calculator env words it (unknown tool, bad arguments, the arithmetic's own message), cut
-    at the env's 200 characters, so the demo's two paths show the model the same text."""
-    if name != "calculator":
-        return f"Error: unknown tool {name!r}. Available: calculator"
+    the calculator env words it (``check_call``: unknown tool, bad arguments; the arithmetic's
+    own message), cut at the env's 200 characters, so the demo's two paths show the model the
+    same text."""
     try:
-        args = validate_arguments(TOOLS[0]["function"]["parameters"], json.loads(arguments))
+        call = ToolCall(name, json.loads(arguments))
+        args = check_call(call, {"calculator": TOOLS[0]["function"]["parameters"]})
         return truncate(format_number(evaluate(args["expression"])[0]), MAX_CHARS)
-    except ArgumentError as e:
-        return truncate(f"Error: bad arguments for calculator: {e}", MAX_CHARS)
-    except ToolError as e:  # the arithmetic's own message ("invalid expression ...")
+    except (InvalidCall, ToolError) as e:  # ToolError: the arithmetic's ("invalid expression")
         return truncate(f"Error: {e}", MAX_CHARS)
     except Exception as e:  # noqa: BLE001 - a tool error goes back to the model as text
         return truncate(f"Error: calculator failed: {type(e).__name__}: {e}", MAX_CHARS)
