@@ -18,11 +18,18 @@ failure taxonomy summed over seeds before and after; the learning curves in numb
 variants, each one's RL minus the first variant's, paired by seed), ``results.json`` and
 ``curves.png`` (validation success against environment steps, mean and 95% t-interval over seeds,
 one line per variant).
+
+``--baselines`` runs RL against the non-RL baselines at an equal episode budget (``BASELINES``)
+and adds RL minus the best of them, paired by seed; ``--pass-k K`` adds a sampled evaluation of
+every final policy (K samples a task at the run's temperature: pass@1 and pass@K); ``--set``
+applies overrides to every run (e.g. a task pool never looked at); ``--jobs N`` runs N
+(variant, seed) runs at once (a run that starts from another's SFT result waits for it).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import os
@@ -44,6 +51,17 @@ QUICK = ["trainer.sft.steps=4", "trainer.sft.copy_steps=0", "trainer.sft.example
 """A few steps of every stage; 4 SFT steps solve nothing, so the RL gate is off. No copy steps
 (a preset's ``trainer.sft.copy_steps``): their path is tested on its own (tests/jobs/
 test_copy_rows.py), and the suite does not compile their program once per preset."""
+BASELINES = {
+    "": "RL (the preset)",
+    "trainer.rl.stage=rft": "rejection-sampling fine-tuning from RL's starting policy",
+    "trainer.sft.filter=verified": "SFT on the annotator's data filtered by the env's verdict",
+    "env.oracle.premature_prob=0": "SFT on a clean annotator",
+}
+"""``--baselines``: the preset (SFT, then RL) and the non-RL baselines. RFT starts from the RL
+run's SFT result (the same SFT, then the RL stage's episode budget sampled, verified and
+fine-tuned on); each SFT baseline trains its own SFT with no stage after it
+(``trainer.rl.steps=0``) on as many annotator episodes as the RL run's SFT data plus its RL
+episodes (:func:`equal_budget`)."""
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 
 
@@ -53,6 +71,30 @@ def slug(variant: str) -> str:
     ``"advantage=turn_level loss=ppo_value"`` -> ``advantage-turn_level+loss-ppo_value``."""
     name = "+".join(variant.split()).replace("=", "-").replace("/", "-")
     return re.sub(r"[^\w.+-]", "_", name) or "base"  # also no brackets, quotes or braces
+
+
+def preset(name: str, overrides: list[str]) -> dict:
+    """The composed config of ``experiment=<name>`` with ``overrides``."""
+    from omegaconf import OmegaConf
+
+    from jaxrl_agents.cli.app import compose
+
+    return OmegaConf.to_container(compose("config", [f"experiment={name}", *overrides]),
+                                  resolve=True)  # fmt: skip
+
+
+def equal_budget(cfg: dict) -> list[str]:
+    """Overrides that give an SFT-only baseline the RL run's episode budget: its SFT data are the
+    RL run's annotator episodes plus as many as RL samples (``steps x tasks_per_step x
+    group_size``), and its golden steps grow so that each episode is still seen as often (the
+    copy steps unchanged); no stage after SFT."""
+    sft, rl = cfg["trainer"]["sft"], cfg["trainer"]["rl"]
+    extra = rl["steps"] * rl["tasks_per_step"] * cfg["rollout"]["group_size"]
+    golden = sft["steps"] - sft["copy_steps"]
+    per_step = sft["examples"] / golden  # episodes per golden step
+    steps = sft["copy_steps"] + round((sft["examples"] + extra) / per_step)
+    return [f"trainer.sft.examples={sft['examples'] + extra}", f"trainer.sft.steps={steps}",
+            "trainer.rl.steps=0"]  # fmt: skip
 
 
 def run_command(cmd: list[str], log: Path) -> None:
@@ -91,12 +133,16 @@ def train_and_eval(
     runner=None,
     sft_from: Path | None = None,
     sft_seed: int | None = None,
+    extra: list[str] | tuple[str, ...] = (),
+    pass_k: int | None = None,
 ) -> dict:
     """Train (unless the run folder is finished) and evaluate one (variant, seed); ``runner(cmd,
     log)`` runs a ``python -m <module> ...`` command (default :func:`run_command`, a subprocess);
     ``sft_from``: a run folder whose SFT result RL starts from (``trainer.sft.init_from``);
     ``sft_seed``: the run's seed is ``sft_seed`` and ``seed`` is its RL seed alone
-    (``trainer.rl.seed``; folder ``sft<sft_seed>-rl<seed>``)."""
+    (``trainer.rl.seed``; folder ``sft<sft_seed>-rl<seed>``); ``extra``: overrides after the
+    variant's that do not name its folder (``--set``, a baseline's budget); ``pass_k``: also
+    sample the final policy ``pass_k`` times a task (pass@1 and pass@k, in ``eval_pass<k>/``)."""
     run = runner or run_command
     if sft_seed is None:
         run_dir, seeds = root / slug(variant) / f"seed{seed}", [f"seed={seed}"]
@@ -106,7 +152,7 @@ def train_and_eval(
     py = [sys.executable, "-m"]
     # a variant's overrides come last: they may override QUICK's too
     overrides = [f"experiment={name}", *seeds, f"run_dir={run_dir}",
-                 *(QUICK if quick else []), *variant.split()]  # fmt: skip
+                 *(QUICK if quick else []), *variant.split(), *extra]  # fmt: skip
     if sft_from is not None:
         overrides.append(f"trainer.sft.init_from={sft_from}")
     if not (run_dir / "summary.json").exists():
@@ -135,6 +181,9 @@ def train_and_eval(
               f"rollout.max_total_tokens={cfg['rollout']['max_total_tokens']}",
               f"sampler.max_seq_len={cfg['sampler']['max_seq_len']}"]  # fmt: skip
         run([*py, "jaxrl_agents.cli.eval", *ev], run_dir / "eval_console.log")
+    sampled = None
+    if pass_k:
+        sampled = sampled_eval(cfg, run_dir, pass_k, run, py)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     env_steps, curve = 0.0, []
     sft_val = summary.get("sft_validation_success")
@@ -162,7 +211,26 @@ def train_and_eval(
         "rl_failures": (summary.get("rl") or {}).get("failure_modes", {}),
         "wall_s": summary.get("wall_s"), "curve": curve,
         "report": str(out / "report.html"), "environment": summary.get("environment"),
+        "sampled": sampled, "no_rl": cfg["trainer"]["rl"].get("steps") == 0,
     }  # fmt: skip
+
+
+def sampled_eval(cfg: dict, run_dir: Path, k: int, run, py: list[str]) -> dict:
+    """pass@1 and pass@k of the run's final policy on its held-out tasks: ``k`` samples a task at
+    the run's own sampling settings (``rollout.sampling``), in ``<run>/eval_pass<k>/``."""
+    out = run_dir / f"eval_pass{k}"
+    if not (out / "report.json").exists():
+        ro = cfg["rollout"]
+        sampling = [f"rollout.sampling.{f}={v}" for f, v in ro["sampling"].items()]
+        ev = [f"policies=[{run_dir}@latest]", f"out={out}", f"samples={k}", f"ks=[1,{k}]",
+              f"tasks={cfg['trainer']['eval']['heldout_tasks']}", f"seed={cfg['seed']}",
+              f"rollout.max_turns={ro['max_turns']}",
+              f"rollout.max_new_tokens={ro['max_new_tokens']}",
+              f"rollout.max_total_tokens={ro['max_total_tokens']}",
+              f"sampler.max_seq_len={cfg['sampler']['max_seq_len']}", *sampling]  # fmt: skip
+        run([*py, "jaxrl_agents.cli.eval", *ev], run_dir / f"eval_pass{k}_console.log")
+    m = next(iter(json.loads((out / "report.json").read_text())["policies"].values()))
+    return {"k": k, "pass@1": m["pass@1"], f"pass@{k}": m[f"pass@{k}"]}
 
 
 def gated_result(
@@ -272,7 +340,64 @@ def slice_table(rs: list[dict]) -> list[str]:
     return ["", "Held-out success by slice (95% Wilson interval, episodes):", "", *lines, ""]
 
 
-def write(name: str, results: list[dict], root: Path) -> str:
+def baseline_table(by_variant: dict[str, list[dict]]) -> list[str]:
+    """RL against the non-RL baselines (``BASELINES``): each method's final held-out success per
+    seed and its mean (95% t-interval), RL minus each baseline paired by seed, and RL minus the
+    best baseline (the one with the highest mean; chosen after the fact, which favours it)."""
+    rl = {r["seed"]: r["rl"] for r in by_variant.get("base", [])}
+    lines = ["### RL against non-RL baselines (equal episode budget)", "",
+             "| method | final held-out success per seed | mean (95% t-interval) "
+             "| RL minus it, paired by seed (points, 95% t-interval) |",
+             "|---|---|---|---|"]  # fmt: skip
+    best = None
+    for variant, rs in by_variant.items():
+        key = "" if variant == "base" else variant
+        label = BASELINES.get(key, variant)
+        per = " / ".join(f"{r['rl']:.2f} (seed {r['seed']})" for r in rs)
+        m, lo, hi = interval([r["rl"] for r in rs])
+        diffs = [100 * (rl[r["seed"]] - r["rl"]) for r in rs if r["seed"] in rl]
+        paired = ""
+        if key and diffs:
+            d, dlo, dhi = interval(diffs)
+            paired = f"{d:+.1f} ({span(dlo, dhi, '+.1f', ' to ')}; {len(diffs)} seeds)"
+            if best is None or m > best[1]:
+                best = (label, m, d, dlo, dhi, len(diffs))
+        lines.append(f"| {label} (`{key or 'the preset'}`) | {per} | {m:.3f} ({span(lo, hi)}) "
+                     f"| {paired} |")  # fmt: skip
+    if best:
+        label, _, d, dlo, dhi, n = best
+        lines += ["", f"**RL minus the best non-RL baseline** ({label}, the highest mean): "
+                  f"**{d:+.1f} points** ({span(dlo, dhi, '+.1f', ' to ')}; {n} seeds, paired)."]
+    return [*lines, ""]
+
+
+def sampled_table(by_variant: dict[str, list[dict]]) -> list[str]:
+    """Each final policy's greedy success, sampled pass@1 and pass@k (``--pass-k``) per seed,
+    with means and 95% t-intervals; empty when no run was sampled."""
+    rows = [(v, r) for v, rs in by_variant.items() for r in rs if r.get("sampled")]
+    if not rows:
+        return []
+    k = rows[0][1]["sampled"]["k"]
+    lines = [f"Final policies on the held-out tasks: greedy, and {k} samples a task at the run's "
+             "sampling settings (pass@1, unbiased pass@k):", "",
+             f"| variant | seed | greedy | pass@1 | pass@{k} |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for variant, rs in by_variant.items():
+        rs = [r for r in rs if r.get("sampled")]
+        for r in rs:
+            smp = r["sampled"]
+            lines.append(f"| {variant} | {r['seed']} | {r['rl']:.3f} | {smp['pass@1']:.3f} | "
+                         f"{smp[f'pass@{k}']:.3f} |")  # fmt: skip
+        if rs:
+            cells = [interval([r["rl"] for r in rs]),
+                     interval([r["sampled"]["pass@1"] for r in rs]),
+                     interval([r["sampled"][f"pass@{k}"] for r in rs])]  # fmt: skip
+            lines.append(f"| {variant} | mean (95% t) | "
+                         + " | ".join(f"{m:.3f} ({span(lo, hi)})" for m, lo, hi in cells) + " |")
+    return [*lines, ""]
+
+
+def write(name: str, results: list[dict], root: Path, baselines: bool = False) -> str:
     lines = [f"## Experiment `{name}`", ""]
     sft_seeds = sorted({r["sft_seed"] for r in results if r.get("sft_seed") is not None})
     if sft_seeds:
@@ -310,6 +435,9 @@ def write(name: str, results: list[dict], root: Path) -> str:
                          f"{statistics.mean(r['rl'] for r in rs):.3f} | "
                          f"{m:+.1f} ({span(lo, hi, '+.1f', ' to ')}) | {paired} |")  # fmt: skip
         lines.append("")
+    if baselines:
+        lines += baseline_table(by_variant)
+    lines += sampled_table(by_variant)
     curves = learning_curves(results)
     if curves:
         lines += ["Validation success against RL environment steps (the curves in numbers: mean "
@@ -321,7 +449,8 @@ def write(name: str, results: list[dict], root: Path) -> str:
                 lines.append(f"| {variant} | {i} | {x:.0f} | {m:.3f} ({span(lo, hi)}) |")
         lines.append("")
     for variant, rs in by_variant.items():
-        lines += [f"### {variant}", "", "| seed | SFT | RL | change | wall |"]
+        final = "final (no stage after SFT)" if all(r.get("no_rl") for r in rs) else "RL"
+        lines += [f"### {variant}", "", f"| seed | SFT | {final} | change | wall |"]
         lines.append("|---|---|---|---|---|")
         for r in rs:
             change = 100 * (r["rl"] - r["sft"])
@@ -415,21 +544,64 @@ def main() -> None:
         help="JAX's persistent compilation cache for the jobs (default: <out>/.jax_cache; '' "
         "for none; JAX_COMPILATION_CACHE_DIR, when set, wins)",
     )
+    ap.add_argument("--baselines", action="store_true",
+                    help="the preset's RL and the non-RL baselines (BASELINES) at an equal episode "
+                         "budget, in place of --variants")  # fmt: skip
+    ap.add_argument("--set", nargs="+", default=[], metavar="OVERRIDE",
+                    help="overrides for every run, not part of a variant's folder name (e.g. a "
+                         "task pool never looked at: env.tasks.corpus_seed=1000)")  # fmt: skip
+    ap.add_argument("--pass-k", type=int, default=None, metavar="K",
+                    help="also sample each final policy K times a task: pass@1 and pass@K")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs at once (the tiny model's jobs use about one core each)")
     args = ap.parse_args()
     root = Path(args.out) / (args.experiment + ("_quick" if args.quick else ""))
     cache = args.compile_cache if args.compile_cache is not None else Path(args.out) / ".jax_cache"
     if where := use_compile_cache(str(cache) if cache else None):
         print(f"compilation cache: {where}")
-    results = []
-    for i, variant in enumerate(args.variants):
+    variants, shares, extras = args.variants, [args.share_sft and i > 0 for i in
+                                               range(len(args.variants))], {}  # fmt: skip
+    if args.baselines:
+        variants = list(BASELINES)
+        shares = ["rl.stage=rft" in v for v in variants]
+        budget = equal_budget(preset(args.experiment, [*(QUICK if args.quick else []), *args.set]))
+        extras = {v: budget for v, shared in zip(variants, shares, strict=True) if v and not shared}
+    units = []  # (variant, seed, source run folder or None), sources before their users
+    for i, variant in enumerate(variants):
         for seed in args.seeds:
-            print(f"{args.experiment} [{variant or 'base'}] seed {seed}")
-            src = root / slug(args.variants[0]) / f"seed{seed}" if args.share_sft and i else None
+            src = root / slug(variants[0]) / f"seed{seed}" if shares[i] else None
             if args.sft_seed is not None and (i or seed != args.seeds[0]):
-                src = root / slug(args.variants[0]) / f"sft{args.sft_seed}-rl{args.seeds[0]}"
-            results.append(train_and_eval(args.experiment, variant, seed, root, args.quick,
-                                          sft_from=src, sft_seed=args.sft_seed))  # fmt: skip
-    print(write(args.experiment, results, root))
+                src = root / slug(variants[0]) / f"sft{args.sft_seed}-rl{args.seeds[0]}"
+            units.append((variant, seed, src))
+    if args.baselines:  # the preset on every seed first, then the baselines a seed at a time
+        units.sort(key=lambda u: (u[0] != "", u[1]))
+    futures: dict[str, concurrent.futures.Future] = {}
+
+    def one(variant: str, seed: int, src: Path | None) -> dict:
+        if src is not None and str(src) in futures:
+            futures[str(src)].result()  # its SFT result first (submitted earlier: no deadlock)
+        print(f"{args.experiment} [{variant or 'base'}] seed {seed}", flush=True)
+        try:
+            return train_and_eval(args.experiment, variant, seed, root, args.quick, sft_from=src,
+                              sft_seed=args.sft_seed, extra=[*args.set, *extras.get(variant, [])],
+                              pass_k=args.pass_k)  # fmt: skip
+        except SystemExit as e:  # one failed run: the others go on, the tables say it is missing
+            print(f"{args.experiment} [{variant or 'base'}] seed {seed}: {e}", flush=True)
+            return None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+        order = []
+        for variant, seed, src in units:
+            folder = root / slug(variant) / (f"seed{seed}" if args.sft_seed is None
+                                             else f"sft{args.sft_seed}-rl{seed}")  # fmt: skip
+            futures[str(folder)] = pool.submit(one, variant, seed, src)
+            order.append(futures[str(folder)])
+        done = [f.result() for f in order]
+    results = [r for r in done if r is not None]
+    if len(results) < len(done):
+        print(f"{len(done) - len(results)} of {len(done)} runs failed (above); the tables leave "
+              "them out", flush=True)
+    print(write(args.experiment, results, root, baselines=args.baselines))
 
 
 if __name__ == "__main__":

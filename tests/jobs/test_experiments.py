@@ -316,3 +316,69 @@ def test_compile_cache_reaches_the_jobs(tmp_path, monkeypatch):
     # a cache the user chose wins over the script's
     assert run_experiment.use_compile_cache(str(tmp_path / "other")) == where
     assert os.environ["JAX_COMPILATION_CACHE_DIR"] == where
+
+
+def test_equal_budget_gives_sft_baselines_the_rl_episodes():
+    """An SFT-only baseline's data: the RL run's annotator episodes plus the episodes RL samples
+    (15 x 8 x 4 = 480), each seen as often (batches of 8 after 600 copy steps)."""
+    cfg = {
+        "trainer": {
+            "sft": {"steps": 1400, "copy_steps": 600, "examples": 6400},
+            "rl": {"steps": 15, "tasks_per_step": 8},
+        },
+        "rollout": {"group_size": 4},
+    }
+    assert run_experiment.equal_budget(cfg) == [
+        "trainer.sft.examples=6880",
+        "trainer.sft.steps=1460",
+        "trainer.rl.steps=0",
+    ]
+    # the research preset's own numbers, composed as the script composes them
+    assert run_experiment.equal_budget(run_experiment.preset("research", []))[0] == (
+        "trainer.sft.examples=6880"
+    )
+
+
+def test_baseline_table_pairs_rl_with_each_baseline(tmp_path):
+    """``--baselines``: each method's final held-out success, RL minus it paired by seed, RL minus
+    the baseline with the highest mean; ``--pass-k``: greedy, pass@1 and pass@k per seed."""
+
+    def res(variant, seed, final, p1, p4, no_rl=True):
+        return {
+            "variant": variant,
+            "seed": seed,
+            "sft": 0.5,
+            "rl": final,
+            "no_rl": no_rl,
+            "wall_s": 1.0,
+            "sft_failures": {},
+            "rl_failures": {},
+            "curve": [],
+            "report": None,
+            "sampled": {"k": 4, "pass@1": p1, "pass@4": p4},
+        }
+
+    clean, rft = "env.oracle.premature_prob=0", "trainer.rl.stage=rft"
+    results = [
+        res("base", 3, 0.98, 0.9, 1.0, no_rl=False),
+        res("base", 4, 0.94, 0.8, 1.0, no_rl=False),
+        res(rft, 3, 0.70, 0.6, 0.9, no_rl=False),
+        res(rft, 4, 0.60, 0.5, 0.8, no_rl=False),
+        res(clean, 3, 0.96, 0.9, 1.0),
+        res(clean, 4, 0.90, 0.7, 0.9),
+    ]
+    text = run_experiment.write("research", results, tmp_path, baselines=True)
+    # RL - clean: +2 and +4 points: mean 3, sd 1.414, t(1) = 12.706 -> half-width 12.7
+    assert (
+        "| SFT on a clean annotator (`env.oracle.premature_prob=0`) | 0.96 (seed 3) / 0.90 "
+        "(seed 4) | 0.930 (0.549-1.311) | +3.0 (-9.7 to +15.7; 2 seeds) |"
+    ) in text
+    assert "| +31.0 (-7.1 to +69.1; 2 seeds) |" in text  # RL - RFT: +28 and +34
+    # the clean annotator has the higher mean (0.93 vs 0.65): the best baseline
+    assert (
+        "**RL minus the best non-RL baseline** (SFT on a clean annotator, the highest mean): "
+        "**+3.0 points** (-9.7 to +15.7; 2 seeds, paired)."
+    ) in text
+    assert "| base | 3 | 0.980 | 0.900 | 1.000 |" in text
+    assert "| base | mean (95% t) | 0.960 (0.706-1.214) | 0.850 (0.215-1.485) |" in text
+    assert f"### {clean}\n\n| seed | SFT | final (no stage after SFT) | change | wall |" in text
