@@ -34,6 +34,7 @@ import json
 import math
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -366,8 +367,11 @@ def baseline_table(by_variant: dict[str, list[dict]]) -> list[str]:
                      f"| {paired} |")  # fmt: skip
     if best:
         label, _, d, dlo, dhi, n = best
-        lines += ["", f"**RL minus the best non-RL baseline** ({label}, the highest mean): "
-                  f"**{d:+.1f} points** ({span(dlo, dhi, '+.1f', ' to ')}; {n} seeds, paired)."]
+        lines += [
+            "",
+            f"**RL minus the best non-RL baseline** ({label}, the highest mean): "
+            f"**{d:+.1f} points** ({span(dlo, dhi, '+.1f', ' to ')}; {n} seeds, paired).",
+        ]
     return [*lines, ""]
 
 
@@ -392,13 +396,20 @@ def sampled_table(by_variant: dict[str, list[dict]]) -> list[str]:
             cells = [interval([r["rl"] for r in rs]),
                      interval([r["sampled"]["pass@1"] for r in rs]),
                      interval([r["sampled"][f"pass@{k}"] for r in rs])]  # fmt: skip
-            lines.append(f"| {variant} | mean (95% t) | "
-                         + " | ".join(f"{m:.3f} ({span(lo, hi)})" for m, lo, hi in cells) + " |")
+            lines.append(
+                f"| {variant} | mean (95% t) | "
+                + " | ".join(f"{m:.3f} ({span(lo, hi)})" for m, lo, hi in cells)
+                + " |"
+            )
     return [*lines, ""]
 
 
-def write(name: str, results: list[dict], root: Path, baselines: bool = False) -> str:
+def write(
+    name: str, results: list[dict], root: Path, baselines: bool = False, command: str | None = None
+) -> str:
     lines = [f"## Experiment `{name}`", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
     sft_seeds = sorted({r["sft_seed"] for r in results if r.get("sft_seed") is not None})
     if sft_seeds:
         lines += [f"Seeds are RL seeds (`trainer.rl.seed`), every run's RL from the one SFT result "
@@ -550,10 +561,19 @@ def main() -> None:
     ap.add_argument("--set", nargs="+", default=[], metavar="OVERRIDE",
                     help="overrides for every run, not part of a variant's folder name (e.g. a "
                          "task pool never looked at: env.tasks.corpus_seed=1000)")  # fmt: skip
-    ap.add_argument("--pass-k", type=int, default=None, metavar="K",
-                    help="also sample each final policy K times a task: pass@1 and pass@K")
-    ap.add_argument("--jobs", type=int, default=1,
-                    help="runs at once (the tiny model's jobs use about one core each)")
+    ap.add_argument(
+        "--pass-k",
+        type=int,
+        default=None,
+        metavar="K",
+        help="also sample each final policy K times a task: pass@1 and pass@K",
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at once (the tiny model's jobs use about one core each)",
+    )
     args = ap.parse_args()
     root = Path(args.out) / (args.experiment + ("_quick" if args.quick else ""))
     cache = args.compile_cache if args.compile_cache is not None else Path(args.out) / ".jax_cache"
@@ -599,9 +619,13 @@ def main() -> None:
         done = [f.result() for f in order]
     results = [r for r in done if r is not None]
     if len(results) < len(done):
-        print(f"{len(done) - len(results)} of {len(done)} runs failed (above); the tables leave "
-              "them out", flush=True)
-    print(write(args.experiment, results, root, baselines=args.baselines))
+        print(
+            f"{len(done) - len(results)} of {len(done)} runs failed (above); the tables leave "
+            "them out",
+            flush=True,
+        )
+    command = shlex.join(["python", "scripts/run_experiment.py", *sys.argv[1:]])
+    print(write(args.experiment, results, root, baselines=args.baselines, command=command))
 
 
 if __name__ == "__main__":
