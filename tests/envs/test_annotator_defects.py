@@ -93,6 +93,33 @@ def test_research_habit_on_one_question_kind_only():
         resolve_env(EnvSpec(name="research")).oracle({"premature_kinds": ["hq_city"]})
 
 
+def test_research_habit_at_a_random_hop_of_three():
+    """``premature_hop=random``: on 3-hop questions the habit answers after the first or the
+    second document, drawn per episode, so the turn that decides the episode varies; 2-hop
+    questions keep their one possible early stop. ``first`` is the default; a bad value names
+    the valid ones."""
+    spec = EnvSpec(name="research", tasks={"max_hops": 3})
+    opts = {"premature_prob": 1.0, "premature_kinds": ["founder_country"]}
+    trajs = run("research", {**opts, "premature_hop": "random"}, n=90, spec=spec)
+    stops = {}
+    for t in trajs:
+        kind = t.task.data["key"].split("/")[2]
+        opened = sum(m["role"] == "tool" and m["name"] == "open" for m in t.messages)
+        stops.setdefault(kind, []).append(opened)
+        assert t.success == (kind != "founder_country"), (kind, opened)
+    assert set(stops["founder_country"]) == {1, 2}, stops  # both early stops occur
+    assert 0.25 <= stops["founder_country"].count(1) / len(stops["founder_country"]) <= 0.75
+    assert set(stops["founder_city"]) == set(stops["hq_country"]) == {2}
+    first = run("research", opts, n=30, spec=spec)  # the default: after the first document
+    assert {
+        sum(m["role"] == "tool" and m["name"] == "open" for m in t.messages)
+        for t in first
+        if "founder_country" in t.task.data["key"]
+    } == {1}
+    with pytest.raises(ConfigError, match=r"premature_hop='last'; valid: first, random"):
+        resolve_env(spec).oracle({"premature_hop": "last"})
+
+
 def test_travel_slip_on_one_star_minimum_only():
     """``slip_stars``: the travel annotator lets the stars constraint slip only on tasks asking for
     those minimums; the other tasks are booked within every constraint."""

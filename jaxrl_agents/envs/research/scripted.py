@@ -27,6 +27,7 @@ def oracle_policy(
     cite: bool = True,
     premature_prob: float = 0.0,
     premature_kinds: Sequence[str] | None = None,
+    premature_hop: str = "first",
     k: int = 5,
     rng: Any = None,
 ) -> Callable[[list[Message]], Message]:
@@ -40,10 +41,15 @@ def oracle_policy(
     fails on the missing citation, and a policy that imitates it must guess).
     ``premature_kinds`` (e.g. ``["hq_country"]``): the habit only on these question kinds, as an
     annotator sure of where companies sit; a policy imitating it skips the second hop on exactly
-    those, even when decoding greedily. ``k``: the results it asks ``search`` for (1-10)."""
+    those, even when decoding greedily. ``premature_hop``: after which hop's document the habit
+    answers: ``first`` (the first's), or ``random`` (a hop drawn uniformly from all but the
+    last, per episode): on 3-hop questions (``env.tasks.max_hops=3``) the turn that decides
+    the episode then varies. ``k``: the results it asks ``search`` for (1-10)."""
     check_kinds("premature_kinds", premature_kinds, QUESTION_KINDS)
     if not 1 <= k <= 10:
         raise ValueError(f"k={k}: the search tool takes 1-10 results")
+    if premature_hop not in PREMATURE_HOPS:
+        raise ValueError(f"premature_hop={premature_hop!r}; valid: {', '.join(PREMATURE_HOPS)}")
     chain = task.data["chain"]
     kind = task.data["key"].split("/")[2]
     early = (
@@ -52,12 +58,15 @@ def oracle_policy(
         and (premature_kinds is None or kind in premature_kinds)
         and _draw(rng) < premature_prob
     )
+    hops = len(chain)  # the hops it opens before answering
+    if early:
+        hops = 1 if premature_hop == "first" else 1 + int(_draw(rng) * (len(chain) - 1))
 
     def policy(messages: list[Message]) -> Message:
         tool_msgs = [m["content"] for m in messages if m["role"] == "tool"]
         n = len(tool_msgs)
         hop, phase = divmod(n, 2)
-        if hop < (1 if early else len(chain)):
+        if hop < hops:
             if phase == 0:
                 return _msg(n, "search", {"query": chain[hop], "k": k})
             titles = dict(re.findall(r"^\[(d\d{3})\] ([^:]+):", tool_msgs[-1], flags=re.M))
@@ -68,6 +77,10 @@ def oracle_policy(
         return {"role": "assistant", "content": f"{task.data['answer']} {refs}".strip()}
 
     return policy
+
+
+PREMATURE_HOPS = ("first", "random")
+"""``oracle_policy``'s ``premature_hop`` values."""
 
 
 def _draw(rng: Any) -> float:
