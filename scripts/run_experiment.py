@@ -125,6 +125,13 @@ def use_compile_cache(folder: str | None) -> str | None:
     return os.environ["JAX_COMPILATION_CACHE_DIR"]
 
 
+def run_folder(root: Path, variant: str, seed: int, sft_seed: int | None = None) -> Path:
+    """A (variant, seed)'s run folder: ``<root>/<variant>/seed<seed>``, or with one SFT result
+    for every run (``--sft-seed``) ``<root>/<variant>/sft<sft_seed>-rl<seed>``."""
+    leaf = f"seed{seed}" if sft_seed is None else f"sft{sft_seed}-rl{seed}"
+    return root / slug(variant) / leaf
+
+
 def train_and_eval(
     name: str,
     variant: str,
@@ -145,11 +152,10 @@ def train_and_eval(
     variant's that do not name its folder (``--set``, a baseline's budget); ``pass_k``: also
     sample the final policy ``pass_k`` times a task (pass@1 and pass@k, in ``eval_pass<k>/``)."""
     run = runner or run_command
-    if sft_seed is None:
-        run_dir, seeds = root / slug(variant) / f"seed{seed}", [f"seed={seed}"]
-    else:
-        run_dir = root / slug(variant) / f"sft{sft_seed}-rl{seed}"
-        seeds = [f"seed={sft_seed}", f"trainer.rl.seed={seed}"]
+    run_dir = run_folder(root, variant, seed, sft_seed)
+    seeds = (
+        [f"seed={seed}"] if sft_seed is None else [f"seed={sft_seed}", f"trainer.rl.seed={seed}"]
+    )
     py = [sys.executable, "-m"]
     # a variant's overrides come last: they may override QUICK's too
     overrides = [f"experiment={name}", *seeds, f"run_dir={run_dir}",
@@ -301,6 +307,49 @@ def learning_curves(results: list[dict]) -> dict[str, list[tuple[float, float, f
             cut = [(x, m, max(lo, 0.0), min(hi, 1.0)) for x, m, lo, hi in pts]
             out[variant] = pts if math.isnan(pts[0][2]) else cut
     return out
+
+
+def area(curve: list[tuple[float, float]], upto: float) -> float:
+    """Mean validation success over the first ``upto`` environment steps: the area under the
+    piecewise-linear curve ``(env steps, success)`` from its first point to ``upto``, over
+    ``upto``."""
+    total = 0.0
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
+        if x0 >= upto:
+            break
+        if x1 > upto:  # cut the segment at upto
+            y1, x1 = y0 + (y1 - y0) * (upto - x0) / (x1 - x0), upto
+        total += (x1 - x0) * (y0 + y1) / 2
+    return total / upto
+
+
+def area_table(by_variant: dict[str, list[dict]]) -> list[str]:
+    """Each variant's area under its validation curve per seed at equal environment steps (the
+    fewest any run reached), the mean with a 95% t-interval, and minus the first variant's,
+    paired by seed: credit assignment compared by how fast each recipe learns, not only where
+    it ends. Empty with fewer than two variants with curves."""
+    runs = {v: [r for r in rs if len(r["curve"]) > 1] for v, rs in by_variant.items()}
+    runs = {v: rs for v, rs in runs.items() if rs}
+    if len(runs) < 2:
+        return []
+    upto = min(r["curve"][-1][0] for rs in runs.values() for r in rs)
+    first = next(iter(runs))
+    ref = {r["seed"]: area(r["curve"], upto) for r in runs[first]}
+    lines = [f"Area under the validation curve over the first {upto:.0f} environment steps "
+             "(mean validation success over them; every run reached that many):", "",
+             "| variant | per seed | mean (95% t-interval) | minus "
+             f"{first}'s, paired by seed (95% t-interval) |", "|---|---|---|---|"]  # fmt: skip
+    for variant, rs in runs.items():
+        a = [area(r["curve"], upto) for r in rs]
+        m, lo, hi = interval(a)
+        diffs = [x - ref[r["seed"]] for x, r in zip(a, rs, strict=True) if r["seed"] in ref]
+        paired = ""
+        if variant != first and diffs:
+            d, dlo, dhi = interval(diffs)
+            paired = f"{d:+.3f} ({span(dlo, dhi, '+.3f', ' to ')})"
+        per = " / ".join(f"{x:.3f}" for x in a)
+        lines.append(f"| {variant} | {per} | {m:.3f} ({span(lo, hi)}) | {paired} |")
+    return [*lines, ""]
 
 
 def slice_table(rs: list[dict]) -> list[str]:
@@ -459,6 +508,7 @@ def write(
             for i, (x, m, lo, hi) in enumerate(pts):
                 lines.append(f"| {variant} | {i} | {x:.0f} | {m:.3f} ({span(lo, hi)}) |")
         lines.append("")
+        lines += area_table(by_variant)
     for variant, rs in by_variant.items():
         final = "final (no stage after SFT)" if all(r.get("no_rl") for r in rs) else "RL"
         lines += [f"### {variant}", "", f"| seed | SFT | {final} | change | wall |"]
@@ -569,6 +619,12 @@ def main() -> None:
         help="also sample each final policy K times a task: pass@1 and pass@K",
     )
     ap.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="start no training: write the tables from the runs already finished (an "
+        "unfinished run is left out and named)",
+    )
+    ap.add_argument(
         "--jobs",
         type=int,
         default=1,
@@ -589,9 +645,9 @@ def main() -> None:
     units = []  # (variant, seed, source run folder or None), sources before their users
     for i, variant in enumerate(variants):
         for seed in args.seeds:
-            src = root / slug(variants[0]) / f"seed{seed}" if shares[i] else None
+            src = run_folder(root, variants[0], seed) if shares[i] else None
             if args.sft_seed is not None and (i or seed != args.seeds[0]):
-                src = root / slug(variants[0]) / f"sft{args.sft_seed}-rl{args.seeds[0]}"
+                src = run_folder(root, variants[0], args.seeds[0], args.sft_seed)
             units.append((variant, seed, src))
     if args.baselines:  # the preset on every seed first, then the baselines a seed at a time
         units.sort(key=lambda u: (u[0] != "", u[1]))
@@ -601,6 +657,12 @@ def main() -> None:
         if src is not None and str(src) in futures:
             futures[str(src)].result()  # its SFT result first (submitted earlier: no deadlock)
         print(f"{args.experiment} [{variant or 'base'}] seed {seed}", flush=True)
+        folder = run_folder(root, variant, seed, args.sft_seed)
+        if args.tables_only and not (folder / "summary.json").exists():
+            gated = gated_result(args.experiment, variant, seed, folder, args.sft_seed)
+            if gated is None:
+                print(f"  not finished, left out: {folder}", flush=True)
+            return gated
         try:
             return train_and_eval(args.experiment, variant, seed, root, args.quick, sft_from=src,
                               sft_seed=args.sft_seed, extra=[*args.set, *extras.get(variant, [])],
@@ -612,8 +674,7 @@ def main() -> None:
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
         order = []
         for variant, seed, src in units:
-            folder = root / slug(variant) / (f"seed{seed}" if args.sft_seed is None
-                                             else f"sft{args.sft_seed}-rl{seed}")  # fmt: skip
+            folder = run_folder(root, variant, seed, args.sft_seed)
             futures[str(folder)] = pool.submit(one, variant, seed, src)
             order.append(futures[str(folder)])
         done = [f.result() for f in order]

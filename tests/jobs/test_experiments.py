@@ -25,8 +25,9 @@ def test_presets_exist():
     assert {"research", "travel", "sql"} <= set(PRESETS)
 
 
-ENV = {"smollm2_calculator": "calculator"}
-"""Presets named for their model, with the env they run."""
+ENV = {"smollm2_calculator": "calculator", "research_3hop": "research"}
+"""Presets not named for their env (a model, a variant of another preset), with the env they
+run."""
 CLEAN_SFT = {"smollm2_calculator"}
 """Presets whose SFT data is the oracle's clean traces on a narrower task mix (``env.sft_tasks``,
 ``env.sft_options``) instead of an annotator with a habit."""
@@ -230,6 +231,17 @@ def test_tables_compare_variants_with_t_intervals(tmp_path):
     assert "| gigpo | 1 | 10 | 0.800 (0.000-1.000) |" in text  # 0.7, 0.9: +-1.27, cut
     assert "| grpo | 0 | 0 | 0.500 (one seed: no interval) |" in text
     assert "| premature | 6 | 2 |" in text and (tmp_path / "curves.png").stat().st_size > 0
+    # areas over the first 10 env steps: (SFT + RL) / 2 per seed; gigpo minus base by seed:
+    # +0.15 (seed 0) and +0.05 (seed 1): mean 0.1, half-width 12.706 x 0.0707 / 1.414 = 0.635
+    assert "| base | 0.550 / 0.500 | 0.525 (0.207-0.843) |  |" in text
+    assert "| gigpo | 0.550 / 0.700 | 0.625 (-0.328-1.578) | +0.100 (-0.535 to +0.735) |" in text
+
+
+def test_area_under_a_curve_is_cut_at_equal_env_steps():
+    curve = [(0.0, 0.0), (10.0, 1.0), (20.0, 1.0)]
+    assert run_experiment.area(curve, 10.0) == 0.5
+    assert abs(run_experiment.area(curve, 15.0) - 10.0 / 15.0) < 1e-12  # 5 + 5, over 15
+    assert abs(run_experiment.area([(0.0, 0.2), (4.0, 0.6)], 2.0) - 0.3) < 1e-12  # (0.2+0.4)/2
 
 
 def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
