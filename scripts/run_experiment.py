@@ -58,6 +58,11 @@ BASELINES = {
     "trainer.sft.filter=verified": "SFT on the annotator's data filtered by the env's verdict",
     "env.oracle.premature_prob=0": "SFT on a clean annotator",
 }
+BASELINE_NAMES = {
+    "rft": "trainer.rl.stage=rft",
+    "verified": "trainer.sft.filter=verified",
+    "clean": "env.oracle.premature_prob=0",
+}
 """``--baselines``: the preset (SFT, then RL) and the non-RL baselines. RFT starts from the RL
 run's SFT result (the same SFT, then the RL stage's episode budget sampled, verified and
 fine-tuned on); each SFT baseline trains its own SFT with no stage after it
@@ -548,6 +553,7 @@ def write(
         shown = [f"[seed {r['seed']}]({r['report']})" for r in rs if r["report"]]
         lines += ["", "Side-by-side reports: " + (", ".join(shown) or "none"), ""]
     text = "\n".join(lines)
+    root.mkdir(parents=True, exist_ok=True)
     (root / "results.md").write_text(text)
     (root / "results.json").write_text(json.dumps(results, indent=2))
     try:
@@ -605,9 +611,14 @@ def main() -> None:
         help="JAX's persistent compilation cache for the jobs (default: <out>/.jax_cache; '' "
         "for none; JAX_COMPILATION_CACHE_DIR, when set, wins)",
     )
-    ap.add_argument("--baselines", action="store_true",
-                    help="the preset's RL and the non-RL baselines (BASELINES) at an equal episode "
-                         "budget, in place of --variants")  # fmt: skip
+    ap.add_argument(
+        "--baselines",
+        nargs="*",
+        choices=list(BASELINE_NAMES),
+        default=None,
+        help="the preset's RL and the non-RL baselines (BASELINES; all, or those named, run in "
+        "that order after the preset) at an equal episode budget, in place of --variants",
+    )
     ap.add_argument("--set", nargs="+", default=[], metavar="OVERRIDE",
                     help="overrides for every run, not part of a variant's folder name (e.g. a "
                          "task pool never looked at: env.tasks.corpus_seed=1000)")  # fmt: skip
@@ -637,8 +648,8 @@ def main() -> None:
         print(f"compilation cache: {where}")
     variants, shares, extras = args.variants, [args.share_sft and i > 0 for i in
                                                range(len(args.variants))], {}  # fmt: skip
-    if args.baselines:
-        variants = list(BASELINES)
+    if args.baselines is not None:
+        variants = ["", *(BASELINE_NAMES[n] for n in args.baselines or BASELINE_NAMES)]
         shares = ["rl.stage=rft" in v for v in variants]
         budget = equal_budget(preset(args.experiment, [*(QUICK if args.quick else []), *args.set]))
         extras = {v: budget for v, shared in zip(variants, shares, strict=True) if v and not shared}
@@ -649,8 +660,6 @@ def main() -> None:
             if args.sft_seed is not None and (i or seed != args.seeds[0]):
                 src = run_folder(root, variants[0], args.seeds[0], args.sft_seed)
             units.append((variant, seed, src))
-    if args.baselines:  # the preset on every seed first, then the baselines a seed at a time
-        units.sort(key=lambda u: (u[0] != "", u[1]))
     futures: dict[str, concurrent.futures.Future] = {}
 
     def one(variant: str, seed: int, src: Path | None) -> dict:
@@ -686,7 +695,9 @@ def main() -> None:
             flush=True,
         )
     command = shlex.join(["python", "scripts/run_experiment.py", *sys.argv[1:]])
-    print(write(args.experiment, results, root, baselines=args.baselines, command=command))
+    print(
+        write(args.experiment, results, root, baselines=args.baselines is not None, command=command)
+    )
 
 
 if __name__ == "__main__":
