@@ -269,6 +269,7 @@ def child(args) -> dict:
     push, roll, roll_min = asyncio.run(_rollout(policy, args, merge=True))
     out = {
         "variant": args.child,
+        "dtype": args.dtype,
         "source": source,
         "load_s": load_s,
         "params": int(sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))),
@@ -308,6 +309,12 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=128)
     p.add_argument("--microbatches", type=int, default=1)
     p.add_argument("--dtype", default="float32", help="compute dtype (bfloat16 on a GPU)")
+    p.add_argument(
+        "--lora-dtype",
+        default=None,
+        help="also LoRA at this compute dtype (e.g. bfloat16: the frozen base's matmuls, the "
+        "sampler's copy and its KV cache in bf16; the adapters and AdamW state stay float32)",
+    )
     p.add_argument("--remat", action="store_true", help="rematerialise each layer (ModelConfig)")
     p.add_argument("--kl", action="store_true", help="a KL term: the reference pass runs")
     p.add_argument("--rollouts", type=int, default=8, help="sessions sampled a rollout")
@@ -324,12 +331,17 @@ def main() -> None:
         print(json.dumps(child(args)))
         return
     rows = {}
-    for variant in ("full", "lora"):
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--child", variant]
-        res = subprocess.run(cmd, capture_output=True, text=True)
+    variants = [("full", args.dtype), ("lora", args.dtype)]
+    if args.lora_dtype and args.lora_dtype != args.dtype:
+        variants.append((f"lora_{args.lora_dtype}", args.lora_dtype))
+    for name, dtype in variants:
+        child_args = [*sys.argv[1:], "--child", name.split("_")[0], "--dtype", dtype]
+        res = subprocess.run(
+            [sys.executable, __file__, *child_args], capture_output=True, text=True
+        )
         if res.returncode:
-            sys.exit(f"{variant} failed:\n{res.stderr[-3000:]}")
-        rows[variant] = json.loads(res.stdout.strip().splitlines()[-1])
+            sys.exit(f"{name} failed:\n{res.stderr[-3000:]}")
+        rows[name] = json.loads(res.stdout.strip().splitlines()[-1])
     f, lo = rows["full"], rows["lora"]
     ratio = {
         "update_speedup": f["update_s"] / lo["update_s"],
@@ -339,26 +351,32 @@ def main() -> None:
     }
     if f["update_program_bytes"] and lo["update_program_bytes"]:
         ratio["update_program_frac"] = lo["update_program_bytes"] / f["update_program_bytes"]
+    for name, r in rows.items():
+        if name not in ("full", "lora"):  # full fine-tuning at --dtype against LoRA at its own
+            ratio[f"{name}_update_speedup"] = f["update_s"] / r["update_s"]
+            ratio[f"{name}_step_speedup"] = f["step_s"] / r["step_s"]
     out = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "args": vars(args),
-        "full": f,
-        "lora": lo,
+        **rows,
         **ratio,
     }
     if not args.json:
         for name, r in rows.items():
             print(
-                f"{name:5s} update {r['update_s']:.2f}s (min {r['update_s_min']:.2f}, max "
-                f"{r['update_s_max']:.2f})  logprobs {r['logprobs_s']:.2f}s  push "
+                f"{name:5s} ({r['dtype']}) update {r['update_s']:.2f}s (min "
+                f"{r['update_s_min']:.2f}, max {r['update_s_max']:.2f})  logprobs "
+                f"{r['logprobs_s']:.2f}s  push "
                 f"{r['push_s']:.3f}s  rollout {r['rollout_s']:.2f}s  trainable "
                 f"{r['trainable_state_bytes'] / 2**20:.1f} MiB  training peak RSS "
                 f"{r['train_peak_rss_bytes'] / 2**30:.2f} GiB"
             )
-        if "rollout_unmerged_s" in lo:
+        for name, r in rows.items():
+            if "rollout_unmerged_s" not in r:
+                continue
             print(
-                f"lora rollout with unmerged adapters: {lo['rollout_unmerged_s']:.2f}s "
-                f"(merged {lo['rollout_s']:.2f}s), push {lo['push_unmerged_s']:.3f}s"
+                f"{name} rollout with unmerged adapters: {r['rollout_unmerged_s']:.2f}s "
+                f"(merged {r['rollout_s']:.2f}s), push {r['push_unmerged_s']:.3f}s"
             )
         print("ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items()))
     print(json.dumps(out))

@@ -139,7 +139,7 @@ def test_bench_gpu_smoke_and_render(tmp_path):
 def test_bench_lora_fields():
     """Both variants in their own processes on the tiny model; the adapters' trainable state is
     a small fraction of full fine-tuning's."""
-    out = _run("bench_lora.py", "--quick")
+    out = _run("bench_lora.py", "--quick", "--lora-dtype", "bfloat16")
     for key in ("update_speedup", "step_speedup", "trainable_state_frac", "train_peak_rss_frac"):
         assert out[key] > 0, key
     for v in ("full", "lora"):
@@ -147,6 +147,11 @@ def test_bench_lora_fields():
     assert out["lora"]["trainable_params"] < 0.05 * out["full"]["trainable_params"]
     assert out["trainable_state_frac"] < 0.05
     assert out["lora"]["rollout_unmerged_s"] > 0  # the unmerged sampler measured too
+    # --lora-dtype: LoRA again at its own compute dtype, against full fine-tuning at --dtype
+    bf16 = out["lora_bfloat16"]
+    assert bf16["dtype"] == "bfloat16" and out["full"]["dtype"] == "float32"
+    assert bf16["trainable_state_bytes"] == out["lora"]["trainable_state_bytes"]  # fp32 adapters
+    assert out["lora_bfloat16_step_speedup"] == out["full"]["step_s"] / bf16["step_s"]
 
 
 def test_bench_peers_tabulates_a_harness_run(tmp_path):
