@@ -73,27 +73,66 @@ def median_time(fn, repeats: int, warmup=None) -> float:
     return statistics.median(times)
 
 
-def throughput(hf, ours, *, batch, prompt_len, new, repeats, chunk):
+def throughput(hf, ours, *, batch, prompt_len, new, repeats, chunk, sampler_dtype=None):
+    """Greedy tokens/s of ours and of transformers on the same prompts; with ``sampler_dtype``
+    also ours sampling in that dtype (``EngineConfig.dtype``, the model float32), runs of the two
+    alternating: its tokens/s, the speed-up over float32, the rows whose greedy tokens equal
+    float32's and the mean |log-prob difference| over the tokens before the rows part."""
     import torch
 
     from jaxrl_agents.generation import Engine, EngineConfig, SamplingParams
 
     vocab = hf.config.vocab_size
     prompts = np.random.default_rng(0).integers(0, vocab, (batch, prompt_len))
-    engine = Engine(
-        ours,
-        EngineConfig(
-            max_slots=batch,
-            max_seq_len=prompt_len + new,
-            prefill_buckets=(prompt_len,),
-            decode_chunk=chunk,
-        ),
-    )
+
+    def make(dtype=None):
+        return Engine(
+            ours,
+            EngineConfig(
+                max_slots=batch,
+                max_seq_len=prompt_len + new,
+                prefill_buckets=(prompt_len,),
+                decode_chunk=chunk,
+                dtype=dtype,
+            ),
+        )
+
+    engine = make()
     sp = SamplingParams(temperature=0.0, max_new_tokens=new)
     got = {}
 
     def run_ours():
         got["ours"] = engine.generate_batch(prompts.tolist(), sp)
+
+    extra = {}
+    if sampler_dtype:
+        other = make(sampler_dtype)
+
+        def run_other():
+            got["other"] = other.generate_batch(prompts.tolist(), sp)
+
+        run_ours(), run_other()  # compile both
+        times = {"ours": [], "other": []}
+        for _ in range(repeats):  # alternating, so both see the same machine
+            for name, fn in (("ours", run_ours), ("other", run_other)):
+                t = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t)
+        t_f32, t_other = statistics.median(times["ours"]), statistics.median(times["other"])
+        diffs, same_rows = [], []
+        for a, b in zip(got["ours"], got["other"], strict=True):
+            pairs = list(zip(a.token_ids, b.token_ids, strict=True))
+            part = next((i for i, (x, y) in enumerate(pairs) if x != y), len(pairs))
+            same_rows.append(part == len(pairs))
+            # the log-probs up to and including the first token where the rows part
+            diffs += [abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)][: part + 1]
+        extra = {
+            f"{sampler_dtype}_tok_s": batch * new / t_other,
+            f"{sampler_dtype}_speedup": t_f32 / t_other,
+            f"{sampler_dtype}_same_tokens_frac": float(np.mean(same_rows)),
+            f"{sampler_dtype}_mean_abs_logprob_diff": float(np.mean(diffs)),
+            f"{sampler_dtype}_spread_s": [min(times["other"]), max(times["other"])],
+        }
 
     def run_hf(new=new):
         with torch.inference_mode():
@@ -107,7 +146,10 @@ def throughput(hf, ours, *, batch, prompt_len, new, repeats, chunk):
                 pad_token_id=0,
             )
 
-    t_ours = median_time(run_ours, repeats)  # its warm-up compiles every program the run uses
+    if sampler_dtype:
+        t_ours = t_f32
+    else:
+        t_ours = median_time(run_ours, repeats)  # its warm-up compiles every program it uses
     t_hf = median_time(run_hf, repeats, warmup=lambda: run_hf(8))
     ours_ids = np.array([r.token_ids for r in got["ours"]])
     agree = float((ours_ids == got["hf"][:, prompt_len:].numpy()).all(axis=1).mean())
@@ -120,6 +162,7 @@ def throughput(hf, ours, *, batch, prompt_len, new, repeats, chunk):
         hf_s=t_hf,
         same_tokens_frac=agree,
         compile_count=engine.compile_count,
+        **extra,
     )
 
 
@@ -196,6 +239,12 @@ def main() -> None:
     ap.add_argument("--skip-tiny", action="store_true")
     ap.add_argument("--skip-multiturn", action="store_true")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ap.add_argument(
+        "--sampler-dtype",
+        default=None,
+        help="also sample the 40M batch in this dtype (bfloat16: EngineConfig.dtype, the model "
+        "float32), alternating with float32",
+    )
     args = ap.parse_args()
 
     import jax
@@ -219,13 +268,21 @@ def main() -> None:
         hf, ours = make_pair(BIG, os.path.join(tmp, "big"))
         n_params = sum(p.numel() for p in hf.parameters())
         result["params_M"] = round(n_params / 1e6, 1)
-        r = throughput(hf, ours, **tp)
+        r = throughput(hf, ours, **tp, sampler_dtype=args.sampler_dtype)
         result.update(r)
         print(
             f"40M  ours {r['ours_tok_s']:.0f} tok/s  hf {r['hf_tok_s']:.0f} tok/s  "
             f"ratio {r['ratio']:.2f}x  same tokens {r['same_tokens_frac']:.2f}",
             flush=True,
         )
+        if args.sampler_dtype:
+            d = args.sampler_dtype
+            print(
+                f"40M  ours in {d} {r[f'{d}_tok_s']:.0f} tok/s: {r[f'{d}_speedup']:.2f}x float32; "
+                f"rows with float32's greedy tokens {r[f'{d}_same_tokens_frac']:.2f}, mean "
+                f"|log-prob diff| {r[f'{d}_mean_abs_logprob_diff']:.4f}",
+                flush=True,
+            )
         if not args.skip_multiturn:
             # 16 sessions (the batch above) and 1 session: with 16 the per-step KV-cache reads at
             # turn 8 (~700 tokens x 16 rows) rival the weights; with 1 they are negligible.

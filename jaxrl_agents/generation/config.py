@@ -135,8 +135,16 @@ class EngineConfig:
     """Capacity of the per-slot stop-sequence table (a compiled shape)."""
     max_stop_sequence_len: int = 8
     """Longest stop sequence (a compiled shape)."""
+    dtype: str | None = None
+    """Compute dtype of the sampler: its copy of the weights, its activations and (unless
+    ``cache_dtype``) its KV cache; None: the model's compute dtype. ``bfloat16`` under a float32
+    learner samples in bf16 (matmuls accumulate in float32 on XLA, norms and softmax in float32,
+    logits and log-probs in float32) while the learner stays float32: the log-probs a rollout
+    records are the bf16 sampler's own, so the RL update's ``mismatch_kl`` measures the
+    difference and a rollout correction (``loss.is_correction``) covers it. Needs the unrolled
+    layers (``unroll_layers``, the default on CPU and GPU)."""
     cache_dtype: str | None = None
-    """KV cache dtype; None uses the model's compute dtype."""
+    """KV cache dtype; None uses the sampler's compute dtype (``dtype``)."""
     prefill_rows: tuple[int, ...] | None = None
     """Row buckets of prefill dispatches (unrolled layers, no mesh): a prefill computes over the
     smallest bucket of rows holding every slot with new tokens, not over all ``max_slots``. One
@@ -214,6 +222,8 @@ class EngineConfig:
             )
         if self.max_stop_ids < 1:
             raise ValueError(f"max_stop_ids={self.max_stop_ids} must be >= 1")
+        if self.dtype not in (None, "float32", "bfloat16"):
+            raise ValueError(f"dtype={self.dtype!r}; valid: None, 'float32', 'bfloat16'")
         if self.cache_dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(
                 f"cache_dtype={self.cache_dtype!r}; valid: None, 'float32', 'bfloat16', 'float16'"

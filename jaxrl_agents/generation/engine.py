@@ -70,8 +70,9 @@ class Engine:
         self.unrolled = programs.default_unrolled() if unroll is None else bool(unroll)
         # Device side: the KV cache, the weights as the programs take them, the programs.
         graphdef, state = nnx.split(model)
+        scfg = programs.sampler_config(model.cfg, cfg, unrolled=self.unrolled)
         self._cache, cache_sharding = programs.new_cache(
-            model.cfg, cfg, unrolled=self.unrolled, mesh=mesh
+            scfg, cfg, unrolled=self.unrolled, mesh=mesh
         )
         state = programs.place_weights(state, mesh)
         self._model_state = state  # the structure update_weights validates against

@@ -12,11 +12,13 @@ between shards by one ``psum``), so it never gathers the cache.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
@@ -26,6 +28,20 @@ from jaxrl_agents.generation.config import EngineConfig
 from jaxrl_agents.generation.steps import make_decode, make_fork, make_prefill, stacked_forward
 from jaxrl_agents.models import ModelConfig, decoder
 from jaxrl_agents.models.lora import merge_lora
+
+
+def sampler_config(mcfg: ModelConfig, cfg: EngineConfig, *, unrolled: bool) -> ModelConfig:
+    """The model config the sampler computes with: the model's, at ``cfg.dtype`` when set
+    (``ValueError`` when that needs the unrolled layers and they are off)."""
+    if cfg.dtype is None or jnp.dtype(cfg.dtype) == jnp.dtype(mcfg.dtype):
+        return mcfg
+    if not unrolled:
+        raise ValueError(
+            f"sampler dtype={cfg.dtype!r} differs from the model's compute dtype "
+            f"{mcfg.dtype!r}: that needs the unrolled layers (unroll_layers=true); the layer "
+            "scan samples in the model's dtype"
+        )
+    return dataclasses.replace(mcfg, dtype=cfg.dtype)
 
 
 def default_unrolled() -> bool:
@@ -76,12 +92,12 @@ def weight_layout(
     """``(relayout, hidden, logits)``: the jitted program that turns the state of ``model``
     (``graphdef``: its ``nnx.split`` graph) into what ``hidden`` and ``logits`` take (None: the
     state as it is), and those two forward functions."""
-    mcfg = model.cfg
+    mcfg = sampler_config(model.cfg, cfg, unrolled=unrolled)
     if unrolled:
         # One program re-lays the weights out (per-layer, compute dtype) on every update.
-        merge = cfg.merge_lora
+        merge, dt = cfg.merge_lora, mcfg.dtype
         relayout = jax.jit(
-            lambda st: decoder.decode_weights(nnx.merge(graphdef, st), merge_lora=merge)
+            lambda st: decoder.decode_weights(nnx.merge(graphdef, st), merge_lora=merge, dtype=dt)
         )
         hidden = functools.partial(decoder.forward_unrolled, mcfg)
         return relayout, hidden, decoder.logits_unrolled

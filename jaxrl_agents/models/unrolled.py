@@ -36,16 +36,19 @@ def _fuse(p: dict[str, Array], cfg: ModelConfig) -> dict[str, Array]:
     return p
 
 
-def decode_weights(model: Transformer, *, merge_lora: bool = True) -> dict[str, Any]:
+def decode_weights(
+    model: Transformer, *, merge_lora: bool = True, dtype: Any = None
+) -> dict[str, Any]:
     """The model's weights in the sampler's layout (traceable; jit it with the model split).
 
     ``{"embed": [V, D], "head": [D, V], "final_norm": [D], "layers": (per-layer dicts, ...)}``,
     every array cast to the compute dtype (the forward casts them to it anyway, so the
-    numerics are the same as ``Transformer.__call__``). LoRA adapters are folded into the
+    numerics are the same as ``Transformer.__call__``), or to ``dtype`` (a sampler computing in
+    another dtype than the model, ``EngineConfig.dtype``). LoRA adapters are folded into the
     weights (``merge_lora``, in float32 before the cast) or kept per layer under ``"lora"``.
     """
     cfg = model.cfg
-    dt = jnp.dtype(cfg.dtype)
+    dt = jnp.dtype(dtype or cfg.dtype)
     stacked = model.stacked_params()
     if merge_lora:
         stacked = merge_layer(cfg, stacked)

@@ -275,3 +275,41 @@ def test_sampling_transform_from_rollout():
         SamplingTransform(temperature=0.0)
     with pytest.raises(ValueError, match="top_p"):
         SamplingTransform(top_p=0.0)
+
+
+def test_a_bf16_sampler_shows_as_mismatch_and_the_correction_covers_it(rollout_setup):
+    """``EngineConfig.dtype=bfloat16`` under the float32 learner: the rollout's behaviour
+    logprobs are the bf16 sampler's, so at the sampler's weights the update sees a small
+    mismatch (``mismatch_kl`` > 0, IS weights off 1 by bf16 rounding) instead of none (the test
+    above), which truncated IS covers (nothing truncated at the cap of 2)."""
+    chat, model, rollout, collector, _ = rollout_setup
+    engine = Engine(
+        model,
+        EngineConfig(
+            max_slots=4, max_seq_len=512, prefill_buckets=(64, 256), decode_chunk=8,
+            unroll_layers=True, dtype="bfloat16",
+        ),
+    )  # fmt: skip
+    tasks = Calc.make_tasks("train", 3, seed=0)
+
+    async def main():
+        async with engine:
+            return await collector.collect(engine, tasks, group_size=2, seed=0)
+
+    roll = asyncio.run(main())
+    db = collector.device_batch(roll, rows=len(roll.trajectories), max_turns=rollout.max_turns)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = OptimizerConfig(lr=1e-3, warmup_steps=0).build()
+    update = make_rl_update(
+        graphdef, rest, tx, loss_cfg=LossConfig(name="ppo_clip", is_correction="tis_token"),
+        adv_cfg=AdvantageConfig(name="grpo"), epochs=1, minibatches=1, microbatches=1,
+        logprob_chunk=128, sampling=SamplingTransform.from_rollout(rollout),
+    )  # fmt: skip
+    state = init_train_state(jax.tree.map(jnp.copy, params), tx)
+    _, met = update(state, db.batch, db.episodes, jax.random.key(0), None)
+    assert 1e-7 < float(met.mismatch_kl) < 1e-2, float(met.mismatch_kl)
+    # the PPO ratio is against the learner's own recompute (1 at these weights); the IS weights
+    # pi_old / mu carry the difference, near 1, none truncated
+    assert float(met.ratio_max) == pytest.approx(1.0, abs=2e-5)
+    assert 1e-5 < abs(float(met.is_weight_mean) - 1.0) < 0.05, float(met.is_weight_mean)
+    assert float(met.is_truncated_frac) == 0.0
