@@ -150,7 +150,10 @@ async def _rollout(model, args, merge: bool) -> tuple[float, float, float]:
     from jaxrl_agents.generation import Engine, EngineConfig, SamplingParams
 
     cfg = EngineConfig(
-        max_slots=args.rollouts, max_seq_len=args.prompt + args.new_tokens + 16, merge_lora=merge
+        max_slots=args.rollouts,
+        max_seq_len=args.prompt + args.new_tokens + 16,
+        merge_lora=merge,
+        dtype=args.sampler_dtype,
     )
     rng = np.random.default_rng(1)
     prompts = [
@@ -314,6 +317,12 @@ def main() -> None:
         default=None,
         help="also LoRA at this compute dtype (e.g. bfloat16: the frozen base's matmuls, the "
         "sampler's copy and its KV cache in bf16; the adapters and AdamW state stay float32)",
+    )
+    p.add_argument(
+        "--sampler-dtype",
+        default=None,
+        help="the sampler's compute dtype for every variant (sampler.dtype; default: each "
+        "variant's model dtype), e.g. float32 under --lora-dtype bfloat16",
     )
     p.add_argument("--remat", action="store_true", help="rematerialise each layer (ModelConfig)")
     p.add_argument("--kl", action="store_true", help="a KL term: the reference pass runs")
