@@ -694,7 +694,9 @@ def main() -> None:
             "them out",
             flush=True,
         )
-    command = shlex.join(["python", "scripts/run_experiment.py", *sys.argv[1:]])
+    # the command that runs the experiment (with --tables-only it only wrote the tables)
+    argv = [a for a in sys.argv[1:] if a != "--tables-only"]
+    command = shlex.join(["python", "scripts/run_experiment.py", *argv])
     print(
         write(args.experiment, results, root, baselines=args.baselines is not None, command=command)
     )
