@@ -417,8 +417,8 @@ def baseline_table(by_variant: dict[str, list[dict]]) -> list[str]:
             paired = f"{d:+.1f} ({span(dlo, dhi, '+.1f', ' to ')}; {len(diffs)} seeds)"
             if best is None or m > best[1]:
                 best = (label, m, d, dlo, dhi, len(diffs))
-        lines.append(f"| {label} (`{key or 'the preset'}`) | {per} | {m:.3f} ({span(lo, hi)}) "
-                     f"| {paired} |")  # fmt: skip
+        name = f"{label} (`{key}`)" if key else label
+        lines.append(f"| {name} | {per} | {m:.3f} ({span(lo, hi)}) | {paired} |")
     if best:
         label, _, d, dlo, dhi, n = best
         lines += [
