@@ -53,17 +53,15 @@ QUICK = ["trainer.sft.steps=4", "trainer.sft.copy_steps=0", "trainer.sft.example
 (a preset's ``trainer.sft.copy_steps``): their path is tested on its own (tests/jobs/
 test_copy_rows.py), and the suite does not compile their program once per preset."""
 BASELINES = {
-    "": "RL (the preset)",
-    "trainer.rl.stage=rft": "rejection-sampling fine-tuning from RL's starting policy",
-    "trainer.sft.filter=verified": "SFT on the annotator's data filtered by the env's verdict",
-    "env.oracle.premature_prob=0": "SFT on a clean annotator",
+    "rft": ("trainer.rl.stage=rft", "rejection-sampling fine-tuning from RL's starting policy"),
+    "verified": (
+        "trainer.sft.filter=verified",
+        "SFT on the annotator's data filtered by the env's verdict",
+    ),
+    "clean": ("env.oracle.premature_prob=0", "SFT on a clean annotator"),
 }
-BASELINE_NAMES = {
-    "rft": "trainer.rl.stage=rft",
-    "verified": "trainer.sft.filter=verified",
-    "clean": "env.oracle.premature_prob=0",
-}
-"""``--baselines``: the preset (SFT, then RL) and the non-RL baselines. RFT starts from the RL
+"""``--baselines``: ``{name: (override, what it is)}`` of the non-RL baselines run beside the
+preset (SFT, then RL). RFT starts from the RL
 run's SFT result (the same SFT, then the RL stage's episode budget sampled, verified and
 fine-tuned on); each SFT baseline trains its own SFT with no stage after it
 (``trainer.rl.steps=0``) on as many annotator episodes as the RL run's SFT data plus its RL
@@ -404,10 +402,10 @@ def baseline_table(by_variant: dict[str, list[dict]]) -> list[str]:
              "| method | final held-out success per seed | mean (95% t-interval) "
              "| RL minus it, paired by seed (points, 95% t-interval) |",
              "|---|---|---|---|"]  # fmt: skip
-    best = None
+    best, labels = None, {o: what for o, what in BASELINES.values()}
     for variant, rs in by_variant.items():
         key = "" if variant == "base" else variant
-        label = BASELINES.get(key, variant)
+        label = labels.get(key, variant) if key else "RL (the preset)"
         per = " / ".join(f"{r['rl']:.2f} (seed {r['seed']})" for r in rs)
         m, lo, hi = interval([r["rl"] for r in rs])
         diffs = [100 * (rl[r["seed"]] - r["rl"]) for r in rs if r["seed"] in rl]
@@ -614,7 +612,7 @@ def main() -> None:
     ap.add_argument(
         "--baselines",
         nargs="*",
-        choices=list(BASELINE_NAMES),
+        choices=list(BASELINES),
         default=None,
         help="the preset's RL and the non-RL baselines (BASELINES; all, or those named, run in "
         "that order after the preset) at an equal episode budget, in place of --variants",
@@ -649,8 +647,8 @@ def main() -> None:
     variants, shares, extras = args.variants, [args.share_sft and i > 0 for i in
                                                range(len(args.variants))], {}  # fmt: skip
     if args.baselines is not None:
-        variants = ["", *(BASELINE_NAMES[n] for n in args.baselines or BASELINE_NAMES)]
-        shares = ["rl.stage=rft" in v for v in variants]
+        variants = ["", *(BASELINES[n][0] for n in args.baselines or BASELINES)]
+        shares = [v == BASELINES["rft"][0] for v in variants]  # RFT starts from RL's SFT
         budget = equal_budget(preset(args.experiment, [*(QUICK if args.quick else []), *args.set]))
         extras = {v: budget for v, shared in zip(variants, shares, strict=True) if v and not shared}
     units = []  # (variant, seed, source run folder or None), sources before their users
@@ -662,11 +660,10 @@ def main() -> None:
             units.append((variant, seed, src))
     futures: dict[str, concurrent.futures.Future] = {}
 
-    def one(variant: str, seed: int, src: Path | None) -> dict:
+    def one(variant: str, seed: int, src: Path | None, folder: Path) -> dict:
         if src is not None and str(src) in futures:
             futures[str(src)].result()  # its SFT result first (submitted earlier: no deadlock)
         print(f"{args.experiment} [{variant or 'base'}] seed {seed}", flush=True)
-        folder = run_folder(root, variant, seed, args.sft_seed)
         if args.tables_only and not (folder / "summary.json").exists():
             gated = gated_result(args.experiment, variant, seed, folder, args.sft_seed)
             if gated is None:
@@ -684,7 +681,7 @@ def main() -> None:
         order = []
         for variant, seed, src in units:
             folder = run_folder(root, variant, seed, args.sft_seed)
-            futures[str(folder)] = pool.submit(one, variant, seed, src)
+            futures[str(folder)] = pool.submit(one, variant, seed, src, folder)
             order.append(futures[str(folder)])
         done = [f.result() for f in order]
     results = [r for r in done if r is not None]

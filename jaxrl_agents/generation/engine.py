@@ -77,7 +77,7 @@ class Engine:
         state = programs.place_weights(state, mesh)
         self._model_state = state  # the structure update_weights validates against
         self._relayout, hidden, logits = programs.weight_layout(
-            model, graphdef, cfg, unrolled=self.unrolled
+            model, graphdef, cfg, scfg, unrolled=self.unrolled
         )
         self._state = self._relayout(state) if self._relayout is not None else state
         # Row-compacted prefill: unrolled layers without a mesh (under a mesh the slots are

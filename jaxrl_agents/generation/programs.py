@@ -87,12 +87,17 @@ def place_weights(state: Any, mesh: Mesh | None) -> Any:
 
 
 def weight_layout(
-    model: nnx.Module, graphdef: nnx.GraphDef, cfg: EngineConfig, *, unrolled: bool
+    model: nnx.Module,
+    graphdef: nnx.GraphDef,
+    cfg: EngineConfig,
+    mcfg: ModelConfig,
+    *,
+    unrolled: bool,
 ) -> tuple[Callable | None, Callable, Callable]:
     """``(relayout, hidden, logits)``: the jitted program that turns the state of ``model``
     (``graphdef``: its ``nnx.split`` graph) into what ``hidden`` and ``logits`` take (None: the
-    state as it is), and those two forward functions."""
-    mcfg = sampler_config(model.cfg, cfg, unrolled=unrolled)
+    state as it is), and those two forward functions; ``mcfg``: the config the sampler computes
+    with (:func:`sampler_config`)."""
     if unrolled:
         # One program re-lays the weights out (per-layer, compute dtype) on every update.
         merge, dt = cfg.merge_lora, mcfg.dtype
