@@ -222,7 +222,18 @@ def train_and_eval(
         "wall_s": summary.get("wall_s"), "curve": curve,
         "report": str(out / "report.html"), "environment": summary.get("environment"),
         "sampled": sampled, "no_rl": cfg["trainer"]["rl"].get("steps") == 0,
+        "behaviour": behaviour(summary, rows),
     }  # fmt: skip
+
+
+def behaviour(summary: dict, rows: list[dict]) -> dict:
+    """What the policies do, not only whether they succeed: held-out turns and tool calls an
+    episode of the SFT and the final policy, and the sampled episodes' tool calls an episode at
+    each RL step (``metrics.jsonl``): padding, loops and skipped calls show here first."""
+    held = {k: {f: (summary.get(k) or {}).get(f) for f in ("mean_turns", "mean_tool_calls")}
+            for k in ("sft", "rl")}  # fmt: skip
+    train = [r["mean_tool_calls"] for r in rows if r["stage"] == "rl" and "mean_tool_calls" in r]
+    return {**held, "train_tool_calls": train}
 
 
 def sampled_eval(cfg: dict, run_dir: Path, k: int, run, py: list[str]) -> dict:
@@ -456,6 +467,35 @@ def sampled_table(by_variant: dict[str, list[dict]]) -> list[str]:
     return [*lines, ""]
 
 
+def behaviour_table(by_variant: dict[str, list[dict]], window: int = 10) -> list[str]:
+    """Per run, tool calls and turns an episode on the held-out tasks (SFT -> final policy, greedy)
+    and tool calls an episode in the sampled RL batches, the first ``window`` RL steps against
+    the last ``window``; empty when no run recorded them."""
+    rows = [(v, r) for v, rs in by_variant.items() for r in rs if r.get("behaviour")]
+    if not rows:
+        return []
+
+    def pair(b: dict, f: str) -> str:
+        a, z = b["sft"].get(f), b["rl"].get(f)
+        return "-" if a is None or z is None else f"{a:.2f} -> {z:.2f}"
+
+    lines = ["Behaviour: tool calls and turns an episode on the held-out tasks (SFT -> final "
+             f"policy, greedy), and tool calls an episode in the sampled RL batches (mean of the "
+             f"first {window} RL steps -> the last {window}):", "",
+             "| variant | seed | held-out tool calls | held-out turns | RL batches' tool calls |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for variant, r in rows:
+        b = r["behaviour"]
+        tr = b.get("train_tool_calls") or []
+        train = "-"
+        if tr:
+            n = min(window, len(tr))
+            train = f"{statistics.mean(tr[:n]):.2f} -> {statistics.mean(tr[-n:]):.2f}"
+        lines.append(f"| {variant} | {r['seed']} | {pair(b, 'mean_tool_calls')} | "
+                     f"{pair(b, 'mean_turns')} | {train} |")  # fmt: skip
+    return [*lines, ""]
+
+
 def write(
     name: str, results: list[dict], root: Path, baselines: bool = False, command: str | None = None
 ) -> str:
@@ -512,6 +552,7 @@ def write(
                 lines.append(f"| {variant} | {i} | {x:.0f} | {m:.3f} ({span(lo, hi)}) |")
         lines.append("")
         lines += area_table(by_variant)
+    lines += behaviour_table(by_variant)
     for variant, rs in by_variant.items():
         final = "final (no stage after SFT)" if all(r.get("no_rl") for r in rs) else "RL"
         lines += [f"### {variant}", "", f"| seed | SFT | {final} | change | wall |"]

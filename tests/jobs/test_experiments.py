@@ -25,7 +25,7 @@ def test_presets_exist():
     assert {"research", "travel", "sql"} <= set(PRESETS)
 
 
-ENV = {"smollm2_calculator": "calculator", "research_3hop": "research"}
+ENV = {"smollm2_calculator": "calculator", "research_3hop": "research", "padding": "calculator"}
 """Presets not named for their env (a model, a variant of another preset), with the env they
 run."""
 CLEAN_SFT = {"smollm2_calculator"}
@@ -77,9 +77,13 @@ its start-up checks run above."""
 VARIANT_OF = {"research_3hop": "research"}
 """Presets that set another preset's options only: its script path is that preset's (the
 start-up checks above still run each on its own oracle and limits)."""
+SAME_PATH = {**VARIANT_OF, "padding": "smollm2_calculator"}
+"""Presets whose script path another preset's fast variant runs: ``padding`` is the demo's
+calculator task on the tiny model, as the real-model preset's fast variant is, and its rewards'
+path (``reward=dense`` from a shared SFT result) is sql's second run below."""
 
 
-@pytest.mark.parametrize("name", [p for p in PRESETS if p not in VARIANT_OF])
+@pytest.mark.parametrize("name", [p for p in PRESETS if p not in SAME_PATH])
 def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
     def in_process(cmd, log):  # cmd: [python, -m, module, *args] as run_command would run it
         module, args = cmd[2], cmd[3:]
@@ -117,6 +121,9 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
         assert set(result["slices"]) == {"sft", "rl"}  # the tiny model: no zero-shot row
         assert "Held-out success by slice" in text and "| one-step | 0 |" in text
     assert "| 0 |" in text and "mean change (points)" in text
+    b = result["behaviour"]  # held-out calls an episode before and after, RL's batches per step
+    assert len(b["train_tool_calls"]) == 2 and b["rl"]["mean_tool_calls"] is not None
+    assert "Behaviour: tool calls and turns" in text
     assert "one seed: no interval" in text and "nan" not in text
     assert f"Machine: {run_experiment.machine(result['environment'])}." in text
     assert result["environment"]["packages"]["jaxlib"] in text
@@ -213,6 +220,11 @@ def test_tables_compare_variants_with_t_intervals(tmp_path):
             "rl_failures": {"premature": 1},
             "curve": [(0.0, sft), (10.0, rl)],
             "report": "r.html",
+            "behaviour": {
+                "sft": {"mean_turns": 2.0, "mean_tool_calls": 1.0},
+                "rl": {"mean_turns": 3.0, "mean_tool_calls": 2.0 + seed},
+                "train_tool_calls": [1.0] * 10 + [2.0, 3.0] * 5,
+            },
         }
 
     results = [
@@ -240,6 +252,8 @@ def test_tables_compare_variants_with_t_intervals(tmp_path):
     # +0.15 (seed 0) and +0.05 (seed 1): mean 0.1, half-width 12.706 x 0.0707 / 1.414 = 0.635
     assert "| base | 0.550 / 0.500 | 0.525 (0.207-0.843) |  |" in text
     assert "| gigpo | 0.550 / 0.700 | 0.625 (-0.328-1.578) | +0.100 (-0.535 to +0.735) |" in text
+    # behaviour: held-out calls and turns SFT -> RL; the RL batches' first 10 steps -> last 10
+    assert "| gigpo | 1 | 1.00 -> 3.00 | 2.00 -> 3.00 | 1.00 -> 2.50 |" in text
 
 
 def test_area_under_a_curve_is_cut_at_equal_env_steps():
