@@ -88,6 +88,23 @@ def test_bench_sampler_fields():
     assert out["ours_tok_s"] > 0 and out["hf_tok_s"] > 0
 
 
+def test_profile_decode_splits_a_step_by_kind():
+    """The decode profile finds the decode programs' ops in the trace and sorts them by the
+    functions that made them: matmuls, the head, attention; the floors come with it."""
+    out = _run(
+        "profile_decode.py",
+        *("--model", "tiny", "--batch", "2", "--new-tokens", "6", "--prompt-len", "8"),
+        *("--decode-chunk", "4", "--repeats", "1"),
+    )
+    ms = out["per_step_ms"]
+    for kind in ("layer matmuls", "vocabulary head matmul", "attention over the cache"):
+        assert ms[kind] > 0, (kind, ms)
+    assert out["in_ops_ms"] <= out["program_ms"] * 1.5 and out["decode_steps_traced"] >= 5
+    # 2 layers x (fused q/k/v, o, fused gate/up, down) and one head, 2 rows each
+    assert out["matmul_shapes"]["2x128x1200"] == 1 and len(out["matmul_shapes"]) == 5
+    assert out["floor_layer_matmuls_ms"] > 0 and out["peak_gflops"] > 0
+
+
 def test_scripts_have_help():
     for script in sorted(SCRIPTS.glob("*.py")):
         p = subprocess.run(
