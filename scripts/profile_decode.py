@@ -35,11 +35,13 @@ import math
 import os
 import platform
 import re
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_sampler import BIG, TINY, make_pair, median_time  # noqa: E402  (no jax imported)
 
 KINDS = (
     "layer matmuls",
@@ -175,17 +177,6 @@ def trace_events(folder: str) -> list[dict]:
     return [e for e in events if e.get("ph") == "X"]
 
 
-def timed(fn, n: int) -> float:
-    """Median seconds of ``fn()`` over ``n`` calls after two warm-ups."""
-    fn(), fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
 def floors(
     dots: dict[tuple[int, int, int], int], vocab: int, square: int = 2048, sum_mb: int = 400
 ) -> dict:
@@ -203,16 +194,16 @@ def floors(
         xs = [jnp.asarray(rng.standard_normal((m, k)), jnp.float32) for m, k, _ in shapes]
         ws = [jnp.asarray(rng.standard_normal((k, n)), jnp.float32) for _, k, n in shapes]
         f = jax.jit(lambda xs, ws: [x @ w for x, w in zip(xs, ws, strict=True)])
-        return timed(lambda: jax.block_until_ready(f(xs, ws)), 50)
+        return median_time(lambda: jax.block_until_ready(f(xs, ws)), 50)
 
     layers = [s for s, c in sorted(dots.items()) for _ in range(c) if s[2] != vocab]
     head = [s for s, c in sorted(dots.items()) for _ in range(c) if s[2] == vocab]
     f = jax.jit(lambda x, w: x @ w)
     big = jnp.ones((square, square), jnp.float32)
-    t_big = timed(lambda: f(big, big).block_until_ready(), 5)
+    t_big = median_time(lambda: f(big, big).block_until_ready(), 5)
     buf = jnp.ones((sum_mb * 2**18,), jnp.float32)
     s = jax.jit(jnp.sum)
-    t_sum = timed(lambda: s(buf).block_until_ready(), 5)
+    t_sum = median_time(lambda: s(buf).block_until_ready(), 5)
     return {
         "layers_s": program(layers) if layers else 0.0,
         "head_s": program(head) if head else 0.0,
@@ -241,9 +232,6 @@ def main() -> None:
     import jax
     import numpy as np
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_sampler import BIG, TINY, make_pair
-
     from jaxrl_agents.generation import Engine, EngineConfig, SamplingParams
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -263,8 +251,8 @@ def main() -> None:
     def run(new):
         return engine.generate_batch(prompts, SamplingParams(temperature=0.0, max_new_tokens=new))
 
-    t_full = timed(lambda: run(N), args.repeats)
-    t_one = timed(lambda: run(1), args.repeats)
+    t_full = median_time(lambda: run(N), args.repeats)
+    t_one = median_time(lambda: run(1), args.repeats)
     step_s = (t_full - t_one) / (N - 1)
 
     prof = tempfile.mkdtemp(prefix="trace_")
