@@ -124,12 +124,24 @@ class RunRecord:
         self.dir = Path(run_dir)
         self.writer = jax.process_index() == 0
         path = self.dir / "stages.json"
-        self.stages: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        self.stages: dict[str, Any] = {}
+        if path.exists():
+            try:
+                self.stages = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise ConfigError(
+                    f"{path} is not valid JSON ({e}): the run's stage records (SFT reference, "
+                    "RL gate, LoRA base) cannot be read; restore it or start a new run_dir"
+                ) from None
 
     def _write(self, name: str, data: Any) -> None:
+        """Write ``name`` whole or not at all: a run killed mid-write keeps the previous file
+        (written beside it, then renamed over it)."""
         if self.writer:
             self.dir.mkdir(parents=True, exist_ok=True)
-            (self.dir / name).write_text(json.dumps(data, indent=2, default=str))
+            tmp = self.dir / f".{name}.partial"
+            tmp.write_text(json.dumps(data, indent=2, default=str))
+            os.replace(tmp, self.dir / name)
 
     def write_config(self, cfg: Any) -> None:
         self._write("config.json", dataclasses.asdict(cfg))

@@ -146,6 +146,36 @@ def test_kill_and_resume_keeps_the_sft_reference_and_logs_each_step_once(tmp_pat
     assert [s for st, s in keys if st == "rl"] == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
+def test_a_record_killed_mid_write_keeps_the_previous_one(tmp_path, monkeypatch):
+    """The run folder's JSON records are written beside the old file, then renamed over it: a
+    kill during the write (here the write raising after half its text) leaves the previous
+    record whole, which a resume reads. A record that is not JSON stops in one line naming it."""
+    import pathlib
+
+    from jaxrl_agents.jobs.config import ConfigError
+    from jaxrl_agents.jobs.records import RunRecord
+
+    rec = RunRecord(tmp_path)
+    rec.set("sft_from", {"run": "a"})
+    rec.save()
+    real = pathlib.Path.write_text
+
+    def killed(self, text, *a, **k):
+        real(self, text[: len(text) // 2], *a, **k)
+        raise KeyboardInterrupt  # the process dies here
+
+    monkeypatch.setattr(pathlib.Path, "write_text", killed)
+    rec.set("rl_gate", {"passed": True})
+    with pytest.raises(KeyboardInterrupt):
+        rec.save()
+    monkeypatch.undo()
+    assert RunRecord(tmp_path).stages == {"sft_from": {"run": "a"}}
+    (tmp_path / "stages.json").write_text('{"sft_from": ')  # a file cut short elsewhere
+    with pytest.raises(ConfigError, match=r"stages\.json is not valid JSON") as e:
+        RunRecord(tmp_path)
+    assert "\n" not in str(e.value)
+
+
 def test_a_resume_on_another_machine_or_build_is_noted_and_warned(tmp_path, capsys):
     """``stages.json`` keeps the environment a run started in; a resume in another one (another
     CPU, jaxlib, XLA flags) warns in one line naming what changed and is noted beside it."""
