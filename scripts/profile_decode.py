@@ -225,7 +225,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args()
 
-    dump = tempfile.mkdtemp(prefix="hlo_")
+    dump_dir = tempfile.TemporaryDirectory(prefix="hlo_")  # removed at the end, as the trace
+    dump = dump_dir.name
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
     ).strip()
@@ -255,26 +256,26 @@ def main() -> None:
     t_one = median_time(lambda: run(1), args.repeats)
     step_s = (t_full - t_one) / (N - 1)
 
-    prof = tempfile.mkdtemp(prefix="trace_")
-    with jax.profiler.trace(prof, create_perfetto_trace=True):
-        t0 = time.perf_counter()
-        run(N)
-        traced_s = time.perf_counter() - t0
-    events = trace_events(prof)
+    with tempfile.TemporaryDirectory(prefix="trace_") as prof:
+        with jax.profiler.trace(prof, create_perfetto_trace=True):
+            t0 = time.perf_counter()
+            run(N)
+            traced_s = time.perf_counter() - t0
+        events = trace_events(prof)
 
     # every program's optimized HLO; the decode programs' (one per attention window used) say
     # what each op is
-    texts = {
-        p: Path(p).read_text() for p in glob.glob(os.path.join(dump, "*after_optimizations.txt"))
+    parsed = {
+        p: parse_hlo(Path(p).read_text())
+        for p in sorted(glob.glob(os.path.join(dump, "*after_optimizations.txt")))
     }
-    decode_mods = [p for p in texts if ".jit_decode." in os.path.basename(p)]
+    decode_mods = [p for p in parsed if ".jit_decode." in os.path.basename(p)]
     instrs: dict[str, dict] = {}
     comps: dict[str, list[dict]] = {}
     for p in decode_mods:
-        i, c = parse_hlo(texts[p])
-        instrs.update(i)
-        comps.update(c)
-    others = set().union(*(set(parse_hlo(t)[0]) for p, t in texts.items() if p not in decode_mods))
+        instrs.update(parsed[p][0])
+        comps.update(parsed[p][1])
+    others = set().union(*(set(parsed[p][0]) for p in parsed if p not in decode_mods))
     only_decode = set(instrs) - others
     # A program's ops run inside one top-level ThunkExecutor::Execute (dispatch is asynchronous,
     # so the Python-side call spans say nothing): an execution is a decode program's when it
@@ -299,8 +300,9 @@ def main() -> None:
     totals: collections.Counter = collections.Counter()
     head_calls = 0
     dot_shapes: collections.Counter = collections.Counter()
+    kinds = {name: classify(instrs[name], comps) for name in {e["name"] for e in decode_ops}}
     for e in decode_ops:
-        kind = classify(instrs[e["name"]], comps)
+        kind = kinds[e["name"]]
         if kind is None:
             continue
         totals[kind] += e["dur"] / 1e6
@@ -309,7 +311,7 @@ def main() -> None:
     steps = head_calls or (N - 1)
     # the matmul shapes of one decode step: each dot of one decode module (the modules differ
     # only in the attention window), as [M, K] x [K, N]; attention's batched dots excluded
-    one, _ = parse_hlo(texts[decode_mods[0]]) if decode_mods else ({}, {})
+    one = parsed[decode_mods[0]][0] if decode_mods else {}
     for ins in one.values():
         if ins["op"] != "dot" or "lhs_batch_dims" in ins["text"]:
             continue
@@ -369,6 +371,7 @@ def main() -> None:
     )
     if args.json:
         print(json.dumps(result))
+    dump_dir.cleanup()  # last: XLA dumps every program it compiles (the floors' too)
 
 
 if __name__ == "__main__":
