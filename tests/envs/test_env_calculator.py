@@ -264,3 +264,20 @@ def test_fault_count_is_capped_and_bad_options_name_the_value():
         CalculatorEnv(fault_rate=1.5)
     with pytest.raises(ValueError, match="max_faults must be >= 0, got -1"):
         CalculatorEnv(max_faults=-1)
+
+
+def test_state_rules_puts_the_tools_contract_in_every_episodes_prompt():
+    task = CalculatorEnv.make_tasks("train", 1, seed=0, two_step_frac=1.0)[0]
+    plain = _drive(CalculatorEnv(one_op_per_call=True), task, oracle_policy(task))[1]
+    assert "one operation per call" not in plain[0]["content"]
+    # The same contract whether or not this env injects faults: SFT's fault-free episodes and
+    # RL's faulty ones share the prompt.
+    prompts = set()
+    for rate in (0.0, 0.5):
+        env = CalculatorEnv(one_op_per_call=True, fault_rate=rate, state_rules=True)
+        verdict, messages, _ = _drive(env, task, oracle_policy(task))
+        assert verdict.success and messages[0]["role"] == "system"
+        prompts.add(messages[0]["content"])
+    (prompt,) = prompts
+    assert prompt.startswith(plain[0]["content"])
+    assert "one operation per call" in prompt and "call it again" in prompt

@@ -17,7 +17,10 @@ assistant message without tool calls; its last number is the answer ("439" or "T
   with that probability (at most ``max_faults`` times an episode), with a message that invites
   a retry; the draws are a function of (task, episode seed, call index), so an episode replays.
   ``Verdict.info[Ann.SLICES]`` names the episode's slices for the reports: ``one-step`` or
-  ``two-step``, and ``fault-hit`` when a fault was injected.
+  ``two-step``, and ``fault-hit`` when a fault was injected. ``state_rules`` adds the tool's
+  contract to the system prompt (one operation per call, chain on the result; a failed call
+  may be called again), whatever the options: a prompt that SFT episodes without faults share
+  with RL's episodes that have them.
 * Safety: the expression is evaluated by walking its AST
   (:mod:`jaxrl_agents.envs.calculator.arithmetic`).
 """
@@ -33,6 +36,10 @@ from jaxrl_agents.envs.tools import ToolError, tool
 from jaxrl_agents.types import Ann, Task, Verdict
 
 SYSTEM_PROMPT = "Use the calculator tool for arithmetic. Reply with only the final number."
+RULES = (
+    " The calculator does one operation per call: for more, call it again on the last result."
+    " A call can fail for a moment: then call it again."
+)
 _NAMES = ("Tom", "Ana", "Sam", "Mia", "Leo", "Zoe")
 _ITEMS = ("pens", "apples", "cards", "coins", "books")
 # (question template, operation per step); "r" is the previous step's result.
@@ -72,6 +79,7 @@ class CalculatorEnv(Env):
         one_op_per_call: bool = False,
         fault_rate: float = 0.0,
         max_faults: int = 1,
+        state_rules: bool = False,
         config: EnvConfig | None = None,
         **env_kwargs: Any,
     ):
@@ -82,6 +90,7 @@ class CalculatorEnv(Env):
             raise ValueError(f"max_faults must be >= 0, got {max_faults}")
         self.one_op_per_call = bool(one_op_per_call)
         self.fault_rate, self.max_faults = float(fault_rate), int(max_faults)
+        self.state_rules = bool(state_rules)
         self._values: list[int | float] = []  # every value any successful call produced
         self._results: list[int | float] = []  # final values of successful calls
         self._faults = 0  # transient faults injected this episode
@@ -144,7 +153,7 @@ class CalculatorEnv(Env):
         return tasks
 
     def system_prompt(self, task: Task) -> str:
-        return SYSTEM_PROMPT
+        return SYSTEM_PROMPT + RULES if self.state_rules else SYSTEM_PROMPT
 
     def setup(self, task: Task, seed: int) -> None:
         self._values, self._results = [], []
