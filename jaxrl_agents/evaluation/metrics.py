@@ -10,7 +10,10 @@ trainer also uses) with what a held-out report needs when each task is sampled `
 * per-term reward statistics (mean, std, min, max) as written by the reward composer;
 * effort distributions (turns, tool calls, generated / total tokens: mean, median, p90, max);
 * termination reasons and tool-error kinds as counts;
-* success per report slice the env names (``Ann.SLICES``), with 95% Wilson intervals.
+* success per report slice the env names (``Ann.SLICES``), with 95% Wilson intervals;
+* what the policy does after a tool result (:func:`after_tool_results`): calls again, answers,
+  or the episode ends; by the result's kind. A policy that never calls after an error never
+  retries, and RL has no retry to reinforce.
 
 Every number is a plain Python float/int/list, so the dict is the report's JSON as it is.
 """
@@ -134,6 +137,31 @@ def slice_metrics(trajs: Sequence[Trajectory]) -> dict[str, dict[str, Any]]:
     }
 
 
+NEXT_MOVES = ("call", "answer", "ended")
+
+
+def after_tool_results(trajs: Sequence[Trajectory]) -> dict[str, dict[str, int]]:
+    """What the turn after each tool-calling turn did, by that turn's results.
+
+    Keys: ``ok`` when every result of the turn succeeded, else the first error's kind
+    (``tool_error``, ``bad_arguments``, ...). Values count the next move: ``call`` (the next
+    turn calls a tool, a retry or the next step), ``answer`` (it replies without a call) or
+    ``ended`` (no next turn: the episode hit its turn, token or time limit first)."""
+    out: dict[str, dict[str, int]] = {}
+    for t in trajs:
+        for i, turn in enumerate(t.turns):
+            if not turn.tool_results:
+                continue
+            bad = next((r.error_kind.value for r in turn.tool_results if not r.ok), None)
+            if i + 1 == len(t.turns):
+                move = "ended"
+            else:
+                move = "call" if t.turns[i + 1].tool_calls else "answer"
+            counts = out.setdefault(bad or "ok", dict.fromkeys(NEXT_MOVES, 0))
+            counts[move] += 1
+    return dict(sorted(out.items()))
+
+
 def evaluation_metrics(trajs: Sequence[Trajectory], *, ks: Sequence[int] = (1,)) -> dict[str, Any]:
     """Everything a report shows about one policy's trajectories (JSON-serialisable)."""
     if not trajs:
@@ -154,4 +182,5 @@ def evaluation_metrics(trajs: Sequence[Trajectory], *, ks: Sequence[int] = (1,))
         "reward_term_stats": reward_term_stats(trajs),
         "tool_errors": dict(sorted(errors.items())),
         "slices": slice_metrics(trajs),
+        "after_tool_results": after_tool_results(trajs),
     }

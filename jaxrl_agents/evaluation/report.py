@@ -26,7 +26,7 @@ from typing import Any
 from jaxrl_agents.evaluation import plots
 from jaxrl_agents.evaluation.compare import Comparison, compare
 from jaxrl_agents.evaluation.markup import CSS, delta, esc, html_table, img_png
-from jaxrl_agents.evaluation.metrics import evaluation_metrics, group_by_task
+from jaxrl_agents.evaluation.metrics import NEXT_MOVES, evaluation_metrics, group_by_task
 from jaxrl_agents.evaluation.summary import FAILURE_MODES, failure_modes, primary_failure
 from jaxrl_agents.evaluation.trajectory_html import trajectory_html, trajectory_section
 from jaxrl_agents.types import Trajectory
@@ -95,6 +95,7 @@ def _policy_sections(
         "<h2>Summary</h2>",
         _summary_table(names, metrics, ks),
         _slices_table(names, metrics),
+        _after_results_table(names, metrics),
         img_png(
             plots.success_bars(
                 names,
@@ -223,6 +224,24 @@ def _slices_table(names: list[str], metrics: dict[str, dict]) -> str:
         for k in keys
     ]
     return "<h3>Success by slice (95% CI, episodes)</h3>" + html_table(["slice", *names], rows)
+
+
+def _after_results_table(names: list[str], metrics: dict[str, dict]) -> str:
+    """After a tool result, the next turn: calls again / answers / episode ended, per kind."""
+    keys = sorted({k for n in names for k in metrics[n].get("after_tool_results", {})})
+    if not keys:
+        return ""
+
+    def cell(c: dict[str, int] | None) -> str:
+        if not c:
+            return "–"
+        return " / ".join(str(c[m]) for m in NEXT_MOVES)
+
+    rows = [[k, *[cell(metrics[n]["after_tool_results"].get(k)) for n in names]] for k in keys]
+    return (
+        "<h3>After a tool result, the next turn (calls again / answers / episode ended)</h3>"
+        + html_table(["tool result", *names], rows)
+    )
 
 
 def _modes_table(names: list[str], metrics: dict[str, dict]) -> str:

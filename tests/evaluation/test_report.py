@@ -88,9 +88,9 @@ def test_report_is_well_formed_and_self_contained(report):
         assert (
             base64.b64decode(src.removeprefix("data:image/png;base64,"))[:8] == b"\x89PNG\r\n\x1a\n"
         )
-    # meta, summary, slices, modes, primary causes, end reasons, rewards, 2 comparisons x 2,
-    # snapshots
-    assert p.tables == 12
+    # meta, summary, slices, after-results, modes, primary causes, end reasons, rewards,
+    # 2 comparisons x 2, snapshots
+    assert p.tables == 13
     assert {"tool-call", "role-tool", "role-assistant", "side", "best"} <= p.classes
     assert p.details >= len(results)  # one collapsible section per policy at least
 
@@ -120,6 +120,23 @@ def test_report_numbers_match_json_and_summary(report, tasks):
     assert oracle["two-step"]["success"] == 1.0 and early["two-step"]["success"] == 0.0
     lo, hi = early["one-step"]["ci95"]
     assert lo == 0.0 < hi < 1.0 and "Success by slice" in html_text
+
+
+def test_after_a_tool_result_counts_the_next_move_by_result_kind(report, tasks, rollout):
+    _, html_text, data, _ = report
+    two = sum(len(t.data["steps"]) > 1 for t in tasks)
+    after = {name: data["policies"][name]["after_tool_results"] for name in data["policies"]}
+    # The oracle calls again after a two-step problem's first result and answers after the last.
+    assert after["oracle"] == {"ok": {"call": two, "answer": len(tasks), "ended": 0}}
+    assert after["early"] == {}  # it never calls
+    # The loop calls after every result until the turn limit (4) ends the episode.
+    assert after["loop"] == {"ok": {"call": 3 * len(tasks), "answer": 0, "ended": len(tasks)}}
+    assert "After a tool result, the next turn" in html_text
+    # An unknown tool's error, then the oracle's calls: a retry after the error, every time.
+    invalid = build_report({"invalid": rollout(invalid_then_correct, tasks)})[1]
+    got = invalid["policies"]["invalid"]["after_tool_results"]
+    assert got["unknown_tool"] == {"call": len(tasks), "answer": 0, "ended": 0}
+    assert got["ok"] == {"call": two, "answer": len(tasks), "ended": 0}
 
 
 def test_report_escapes_model_text(tasks, rollout):
