@@ -228,7 +228,8 @@ def _slices_table(names: list[str], metrics: dict[str, dict]) -> str:
 
 def _after_results_table(names: list[str], metrics: dict[str, dict]) -> str:
     """After a tool result, the next turn: calls again / answers / episode ended, per kind."""
-    keys = sorted({k for n in names for k in metrics[n].get("after_tool_results", {})})
+    after = {n: metrics[n].get("after_tool_results", {}) for n in names}
+    keys = sorted({k for n in names for k in after[n]})
     if not keys:
         return ""
 
@@ -237,7 +238,7 @@ def _after_results_table(names: list[str], metrics: dict[str, dict]) -> str:
             return "–"
         return " / ".join(str(c[m]) for m in NEXT_MOVES)
 
-    rows = [[k, *[cell(metrics[n]["after_tool_results"].get(k)) for n in names]] for k in keys]
+    rows = [[k, *[cell(after[n].get(k)) for n in names]] for k in keys]
     return (
         "<h3>After a tool result, the next turn (calls again / answers / episode ended)</h3>"
         + html_table(["tool result", *names], rows)
