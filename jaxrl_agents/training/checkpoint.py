@@ -70,22 +70,37 @@ class Checkpointer:
     def save(self, step: int, state: Any, meta: dict[str, Any], *, force: bool = False) -> None:
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         self._drop_stale("latest")
+        self._one_save_at_a_time("latest")
         self.latest.save(step, args=args, force=force)
 
     def save_best(self, step: int, state: Any, meta: dict[str, Any], metrics: dict) -> None:
         """Offer a checkpoint to the keep-best manager (kept only if it beats the current best)."""
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         self._drop_stale("best")
+        self._one_save_at_a_time("best")
         self.best.save(step, args=args, metrics={k: float(v) for k, v in metrics.items()})
 
     def save_sft(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         """Keep the SFT result (the RL starting point) outside the rotating keep-N set."""
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         self._drop_stale("sft")
+        self._one_save_at_a_time("sft")
         self.sft.save(step, args=args, force=True)
 
     def latest_step(self) -> int | None:
         return self.latest.latest_step()
+
+    def _one_save_at_a_time(self, which: str) -> None:
+        """With several processes, wait for the other sets' saves before starting one.
+
+        Each manager finalizes an async save in its own thread behind a barrier whose key orbax
+        does not scope per manager: two sets finalizing at once (``latest`` still committing when
+        ``best`` saves) collide on it ("Barrier ... is already ongoing") and fail the run. One
+        process has no barrier, so it keeps saving in the background."""
+        if jax.process_count() > 1:
+            for name, m in self._managers.items():
+                if name != which:
+                    m.wait_until_finished()
 
     def restore(self, abstract_state: Any, *, step: int | None = None, which: str = "latest"):
         """Restore ``(state, meta)``; ``abstract_state`` gives structure, dtypes and shardings.
