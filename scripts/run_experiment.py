@@ -23,7 +23,8 @@ one line per variant).
 and adds RL minus the best of them, paired by seed; ``--pass-k K`` adds a sampled evaluation of
 every final policy (K samples a task at the run's temperature: pass@1 and pass@K); ``--set``
 applies overrides to every run (e.g. a task pool never looked at); ``--jobs N`` runs N
-(variant, seed) runs at once (a run that starts from another's SFT result waits for it).
+(variant, seed) runs at once (a run that starts from another's SFT result waits for it), with
+``--eval-jobs`` (default 1) of their evaluations at a time.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -66,6 +68,10 @@ run's SFT result (the same SFT, then the RL stage's episode budget sampled, veri
 fine-tuned on); each SFT baseline trains its own SFT with no stage after it
 (``trainer.rl.steps=0``) on as many annotator episodes as the RL run's SFT data plus its RL
 episodes (:func:`equal_budget`)."""
+EVAL_GATE = threading.BoundedSemaphore(1)
+"""How many ``jaxrl-eval`` jobs run at once across ``--jobs`` (``--eval-jobs``): an evaluation
+holds every policy it compares (a pretrained model's three take ~10 GB), so evaluations that
+finish together can outgrow the memory their training runs fitted in."""
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 
 
@@ -190,7 +196,8 @@ def train_and_eval(
               f"rollout.max_new_tokens={cfg['rollout']['max_new_tokens']}",
               f"rollout.max_total_tokens={cfg['rollout']['max_total_tokens']}",
               f"sampler.max_seq_len={cfg['sampler']['max_seq_len']}"]  # fmt: skip
-        run([*py, "jaxrl_agents.cli.eval", *ev], run_dir / "eval_console.log")
+        with EVAL_GATE:
+            run([*py, "jaxrl_agents.cli.eval", *ev], run_dir / "eval_console.log")
     sampled = None
     if pass_k:
         sampled = sampled_eval(cfg, run_dir, pass_k, run, py)
@@ -249,7 +256,8 @@ def sampled_eval(cfg: dict, run_dir: Path, k: int, run, py: list[str]) -> dict:
               f"rollout.max_new_tokens={ro['max_new_tokens']}",
               f"rollout.max_total_tokens={ro['max_total_tokens']}",
               f"sampler.max_seq_len={cfg['sampler']['max_seq_len']}", *sampling]  # fmt: skip
-        run([*py, "jaxrl_agents.cli.eval", *ev], run_dir / f"eval_pass{k}_console.log")
+        with EVAL_GATE:
+            run([*py, "jaxrl_agents.cli.eval", *ev], run_dir / f"eval_pass{k}_console.log")
     m = next(iter(json.loads((out / "report.json").read_text())["policies"].values()))
     return {"k": k, "pass@1": m["pass@1"], f"pass@{k}": m[f"pass@{k}"]}
 
@@ -680,7 +688,16 @@ def main() -> None:
         default=1,
         help="runs at once (the tiny model's jobs use about one core each)",
     )
+    ap.add_argument(
+        "--eval-jobs",
+        type=int,
+        default=1,
+        help="evaluations at once across --jobs (each holds its SFT, final and pretrained "
+        "policies in memory)",
+    )
     args = ap.parse_args()
+    global EVAL_GATE
+    EVAL_GATE = threading.BoundedSemaphore(max(args.eval_jobs, 1))
     root = Path(args.out) / (args.experiment + ("_quick" if args.quick else ""))
     cache = args.compile_cache if args.compile_cache is not None else Path(args.out) / ".jax_cache"
     if where := use_compile_cache(str(cache) if cache else None):
