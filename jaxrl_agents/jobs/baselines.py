@@ -3,10 +3,11 @@
 Rejection-sampling fine-tuning (RFT): the policy RL would start from (the SFT result) samples
 the RL stage's episode budget, ``trainer.rl.steps x tasks_per_step x rollout.group_size``
 episodes on the same task stream and sampling seeds as RL's steps, with the rollout's
-temperature; the env's verdict keeps the successful ones; then ``trainer.rl.steps`` SFT steps of
-``tasks_per_step x group_size`` rows each (the rows of an RL update) train on the kept
-episodes, drawn uniformly, at ``trainer.sft.lr`` with the optimizer's warm-up and a cosine decay
-over the stage. The sampler holds one policy throughout: one round from the starting policy, not
+temperature; the env's verdict keeps the successful ones (written to
+``trajectories/rft_kept_step<N>.jsonl`` unless ``trainer.log.trajectories_every=0``); then
+``trainer.rl.steps`` SFT steps of ``tasks_per_step x group_size`` rows each (the rows of an RL
+update) train on the kept episodes, drawn uniformly, at ``trainer.sft.lr`` with the optimizer's
+warm-up and a cosine decay over the stage. The sampler holds one policy throughout: one round from the starting policy, not
 expert iteration. Same budget, same updates, no reward beyond the verdict and no advantage: what
 RL adds over it is what the comparison measures.
 
@@ -38,6 +39,7 @@ async def rft(run: Run, engine: Any, state: TrainState) -> TrainState:
     group, collector = cfg.rollout.group_size, system.collector
     source = run.step_source(dynamic=False)
     kept: list[tuple[list[int], list[int]]] = []
+    kept_trajs = []  # what the fine-tuning sees, written for audit
     episodes = 0
     for s in run.bar(0, tr.rl.steps, "RFT sampling"):
         roll, _ = await source.step(engine, s, version=tr.sft.steps)
@@ -45,9 +47,12 @@ async def rft(run: Run, engine: Any, state: TrainState) -> TrainState:
         run.check_errors(trajs, f"RFT sampling round {s + 1}")
         episodes += len(trajs)
         kept += [(t.token_ids, t.loss_mask) for t in trajs if t.success]
+        kept_trajs += [t for t in trajs if t.success]
     note = {"episodes": episodes, "kept": len(kept), "kept_frac": len(kept) / max(episodes, 1)}
     run.record.set("rft", note)
     run.record.save()
+    if tr.log.trajectories_every:  # every kept episode: the data the stage fine-tunes on
+        run.logger.trajectories(tr.rl.steps, kept_trajs, name="rft_kept")
     print(f"RFT: kept {len(kept)} of {episodes} sampled episodes (verified successes)", flush=True)
     if not kept:
         raise JobAborted(

@@ -19,6 +19,7 @@ from jaxrl_agents.jobs.config import JobAborted
 from jaxrl_agents.jobs.run import Run
 from jaxrl_agents.jobs.system import build_train
 from jaxrl_agents.rollout.scripted import ScriptedEngine
+from jaxrl_agents.types import read_jsonl
 
 
 def _run(tmp_path, *extra):
@@ -40,6 +41,8 @@ def test_rft_keeps_the_verified_episodes_of_the_rl_budget_and_trains_on_them(tmp
     after = asyncio.run(rft(run, engine, state))
     # the RL stage's budget: 2 steps x 4 tasks x group 2; the verdict keeps the solved half
     assert run.record.stages["rft"] == {"episodes": 16, "kept": 8, "kept_frac": 0.5}
+    kept = list(read_jsonl(tmp_path / "rft" / "trajectories" / "rft_kept_step000002.jsonl"))
+    assert len(kept) == 8 and all(t.success and t.task.id in solved for t in kept)
     changed = jax.tree.map(lambda a, b: bool(np.any(a != np.asarray(b))), before, after.params)
     assert all(jax.tree.leaves(changed))  # 2 SFT steps on the kept episodes moved every weight
     run.ckpt.wait()
