@@ -7,9 +7,9 @@ temperature; the env's verdict keeps the successful ones (written to
 ``trajectories/rft_kept_step<N>.jsonl`` unless ``trainer.log.trajectories_every=0``); then
 ``trainer.rl.steps`` SFT steps of ``tasks_per_step x group_size`` rows each (the rows of an RL
 update) train on the kept episodes, drawn uniformly, at ``trainer.sft.lr`` with the optimizer's
-warm-up and a cosine decay over the stage. The sampler holds one policy throughout: one round from the starting policy, not
-expert iteration. Same budget, same updates, no reward beyond the verdict and no advantage: what
-RL adds over it is what the comparison measures.
+warm-up and a cosine decay over the stage. The sampler holds one policy throughout: one round
+from the starting policy, not expert iteration. Same budget, same updates, no reward beyond the
+verdict and no advantage: what RL adds over it is what the comparison measures.
 
 The stage is not resumed midway: a run folder stopped inside it starts the stage again from its
 starting checkpoint (the RL stage's step 0); its end is checkpointed as RL's last step.
