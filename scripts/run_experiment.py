@@ -195,9 +195,11 @@ def train_and_eval(
               f"rollout.max_turns={cfg['rollout']['max_turns']}",
               f"rollout.max_new_tokens={cfg['rollout']['max_new_tokens']}",
               f"rollout.max_total_tokens={cfg['rollout']['max_total_tokens']}",
+              *episode_deadline(cfg),
               f"sampler.max_seq_len={cfg['sampler']['max_seq_len']}"]  # fmt: skip
         with EVAL_GATE:
             run([*py, "jaxrl_agents.cli.eval", *ev], run_dir / "eval_console.log")
+    warn_timeouts(out)
     sampled = None
     if pass_k:
         sampled = sampled_eval(cfg, run_dir, pass_k, run, py)
@@ -233,6 +235,31 @@ def train_and_eval(
     }  # fmt: skip
 
 
+def episode_deadline(cfg: dict) -> list[str]:
+    """The run's own episode deadline for its evaluation (a real model's preset raises it:
+    jaxrl-eval's default, meant for the tiny model, cuts a 135M model's episodes on a busy CPU
+    and counts them as failures)."""
+    t = cfg.get("rollout", {}).get("episode_timeout_s")
+    return [f"rollout.episode_timeout_s={t}"] if t is not None else []
+
+
+def warn_timeouts(out: Path) -> int:
+    """Say when an evaluation's episodes hit their deadline: such an episode counts as a
+    failure, so its policy's success there measures the machine's load, not the policy."""
+    report = out / "report.json"
+    if not report.exists():
+        return 0
+    policies = json.loads(report.read_text()).get("policies", {})
+    hit = {n: m.get("failure_modes", {}).get("episode_timeout", 0) for n, m in policies.items()}
+    hit = {n: c for n, c in hit.items() if c}
+    if hit:
+        print(f"WARNING {out}: episodes past rollout.episode_timeout_s (counted as failures): "
+              + ", ".join(f"{n} {c}" for n, c in hit.items())
+              + "; delete the folder and rerun on a quieter machine or a longer deadline",
+              flush=True)  # fmt: skip
+    return sum(hit.values())
+
+
 def behaviour(summary: dict, rows: list[dict]) -> dict:
     """What the policies do, not only whether they succeed: held-out turns and tool calls an
     episode of the SFT and the final policy, and the sampled episodes' tool calls an episode at
@@ -254,10 +281,11 @@ def sampled_eval(cfg: dict, run_dir: Path, k: int, run, py: list[str]) -> dict:
               f"tasks={cfg['trainer']['eval']['heldout_tasks']}", f"seed={cfg['seed']}",
               f"rollout.max_turns={ro['max_turns']}",
               f"rollout.max_new_tokens={ro['max_new_tokens']}",
-              f"rollout.max_total_tokens={ro['max_total_tokens']}",
+              f"rollout.max_total_tokens={ro['max_total_tokens']}", *episode_deadline(cfg),
               f"sampler.max_seq_len={cfg['sampler']['max_seq_len']}", *sampling]  # fmt: skip
         with EVAL_GATE:
             run([*py, "jaxrl_agents.cli.eval", *ev], run_dir / f"eval_pass{k}_console.log")
+    warn_timeouts(out)
     m = next(iter(json.loads((out / "report.json").read_text())["policies"].values()))
     return {"k": k, "pass@1": m["pass@1"], f"pass@{k}": m[f"pass@{k}"]}
 

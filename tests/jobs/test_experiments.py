@@ -85,8 +85,11 @@ path (``reward=dense`` from a shared SFT result) is sql's second run below."""
 
 @pytest.mark.parametrize("name", [p for p in PRESETS if p not in SAME_PATH])
 def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
+    seen = []
+
     def in_process(cmd, log):  # cmd: [python, -m, module, *args] as run_command would run it
         module, args = cmd[2], cmd[3:]
+        seen.append((module, args))
         monkeypatch.setattr(sys, "argv", [module, *args])
         log.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -108,6 +111,9 @@ def test_fast_variant_runs_the_script_path(name, tmp_path, monkeypatch):
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     assert len(report["policies"]) == 2  # SFT and RL side by side, on the same held-out tasks
     cfg = json.loads((run_dir / "config.json").read_text())
+    # the evaluation keeps the run's own episode deadline, not jaxrl-eval's default
+    eval_args = next(a for m, a in seen if m.endswith(".eval"))
+    assert f"rollout.episode_timeout_s={cfg['rollout']['episode_timeout_s']}" in eval_args
     if cfg["env"]["tasks"].get("kinds"):  # the report's tasks come from the run's generator
         trajs = (run_dir / "eval").glob("trajectories_*.jsonl")
         kinds = {
@@ -421,3 +427,16 @@ def test_preset_variants_build_on_the_preset_they_name():
     for name, base in VARIANT_OF.items():
         cfg = yaml.safe_load((ROOT / "configs" / "experiment" / f"{name}.yaml").read_text())
         assert cfg["defaults"][0] == base, (name, cfg["defaults"])
+
+
+def test_an_evaluation_past_its_episode_deadline_is_named(tmp_path, capsys):
+    report = {"policies": {"seed2@sft": {"failure_modes": {"episode_timeout": 0}},
+                           "seed2@latest": {"failure_modes": {"episode_timeout": 64}}}}  # fmt: skip
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    assert run_experiment.warn_timeouts(tmp_path) == 64
+    out = capsys.readouterr().out
+    assert "seed2@latest 64" in out and "seed2@sft" not in out and "episode_timeout_s" in out
+    assert run_experiment.warn_timeouts(tmp_path / "missing") == 0
+    assert run_experiment.episode_deadline({"rollout": {"episode_timeout_s": 1200.0}}) == [
+        "rollout.episode_timeout_s=1200.0"
+    ]
