@@ -192,11 +192,7 @@ def train_and_eval(
         ev = [f"policies=[{policies}]", f"out={out}",
               *([f"chat.template={template}"] if template and base else []),
               f"tasks={cfg['trainer']['eval']['heldout_tasks']}", f"seed={cfg['seed']}",
-              f"rollout.max_turns={cfg['rollout']['max_turns']}",
-              f"rollout.max_new_tokens={cfg['rollout']['max_new_tokens']}",
-              f"rollout.max_total_tokens={cfg['rollout']['max_total_tokens']}",
-              *episode_deadline(cfg),
-              f"sampler.max_seq_len={cfg['sampler']['max_seq_len']}"]  # fmt: skip
+              *run_limits(cfg)]  # fmt: skip
         with EVAL_GATE:
             run([*py, "jaxrl_agents.cli.eval", *ev], run_dir / "eval_console.log")
     warn_timeouts(out)
@@ -233,6 +229,16 @@ def train_and_eval(
         "sampled": sampled, "no_rl": cfg["trainer"]["rl"].get("steps") == 0,
         "behaviour": behaviour(summary, rows),
     }  # fmt: skip
+
+
+def run_limits(cfg: dict) -> list[str]:
+    """The run's own episode limits (turns, tokens, deadline, cache length) as jaxrl-eval
+    overrides, so an evaluation plays the episodes the run trained on."""
+    ro = cfg["rollout"]
+    return [f"rollout.max_turns={ro['max_turns']}",
+            f"rollout.max_new_tokens={ro['max_new_tokens']}",
+            f"rollout.max_total_tokens={ro['max_total_tokens']}", *episode_deadline(cfg),
+            f"sampler.max_seq_len={cfg['sampler']['max_seq_len']}"]  # fmt: skip
 
 
 def episode_deadline(cfg: dict) -> list[str]:
@@ -279,10 +285,7 @@ def sampled_eval(cfg: dict, run_dir: Path, k: int, run, py: list[str]) -> dict:
         sampling = [f"rollout.sampling.{f}={v}" for f, v in ro["sampling"].items()]
         ev = [f"policies=[{run_dir}@latest]", f"out={out}", f"samples={k}", f"ks=[1,{k}]",
               f"tasks={cfg['trainer']['eval']['heldout_tasks']}", f"seed={cfg['seed']}",
-              f"rollout.max_turns={ro['max_turns']}",
-              f"rollout.max_new_tokens={ro['max_new_tokens']}",
-              f"rollout.max_total_tokens={ro['max_total_tokens']}", *episode_deadline(cfg),
-              f"sampler.max_seq_len={cfg['sampler']['max_seq_len']}", *sampling]  # fmt: skip
+              *run_limits(cfg), *sampling]  # fmt: skip
         with EVAL_GATE:
             run([*py, "jaxrl_agents.cli.eval", *ev], run_dir / f"eval_pass{k}_console.log")
     warn_timeouts(out)
