@@ -110,7 +110,7 @@ class GenerationResult:
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Compiled shapes of the engine: one prefill program per (length, row) bucket, one decode
-    program per window (+ the full cache), one fork program with ``share_prefixes``;
+    program per (window (+ the full cache), row bucket), one fork program with ``share_prefixes``;
     ``Engine.compile_count`` stays within that bound."""
 
     max_slots: int = 8
@@ -146,10 +146,17 @@ class EngineConfig:
     cache_dtype: str | None = None
     """KV cache dtype; None uses the sampler's compute dtype (``dtype``)."""
     prefill_rows: tuple[int, ...] | None = None
-    """Row buckets of prefill dispatches (unrolled layers, no mesh): a prefill computes over the
+    """Row buckets of prefill dispatches (unrolled layers, the slots on one device): a prefill computes over the
     smallest bucket of rows holding every slot with new tokens, not over all ``max_slots``. One
     prefill program per (length bucket, row bucket) used. None: max_slots // 16, // 4 and all
     of them; (): always all rows."""
+    decode_rows: tuple[int, ...] | None = None
+    """Row buckets of decode chunks (unrolled layers, the slots on one device): a chunk computes over the
+    smallest bucket of rows holding every running session, its cache rows gathered (with the
+    attention window) before the chunk and written back after it, not over all ``max_slots``:
+    RL steps that run fewer sessions than slots, and the last sessions of a turn, stop paying
+    for idle rows. One decode program per (window, row bucket) used. None: max_slots // 4,
+    // 2 and all of them; (): always all rows."""
     unroll_layers: bool | None = None
     """Run the layers unrolled over a per-layer copy of the weights (in the compute dtype) and
     per-layer KV buffers, instead of the model's layer scan over stacked arrays. Faster decode on
@@ -207,6 +214,15 @@ class EngineConfig:
                     f"prefill_rows={self.prefill_rows} must lie in [1, max_slots={self.max_slots}]"
                 )
         object.__setattr__(self, "prefill_rows", tuple(sorted(rows)))
+        if self.decode_rows is None:
+            rows = {max(1, self.max_slots // 4), max(1, self.max_slots // 2), self.max_slots}
+        else:
+            rows = {int(r) for r in self.decode_rows} | {self.max_slots}
+            if min(rows) < 1 or max(rows) > self.max_slots:
+                raise ValueError(
+                    f"decode_rows={self.decode_rows} must lie in [1, max_slots={self.max_slots}]"
+                )
+        object.__setattr__(self, "decode_rows", tuple(sorted(rows)))
         if self.decode_chunk < 1:
             raise ValueError(f"decode_chunk={self.decode_chunk} must be >= 1")
         if self.max_stop_sequences < 1 or self.max_stop_sequence_len < 1:

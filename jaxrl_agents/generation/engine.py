@@ -32,8 +32,9 @@ lives in ``slots``, the sessions and their requests in ``session``, the cache an
 compiled programs (and their count, ``compile_count``) in ``programs``.
 
 Prefill runs over the smallest row bucket (``EngineConfig.prefill_rows``) that holds the slots with
-new tokens when the layers are unrolled and there is no mesh; otherwise over all slots' rows (idle
-rows write nothing). Stop sequences are matched within the current turn's generated tokens.
+new tokens, and a decode chunk over the smallest (``EngineConfig.decode_rows``) that holds the
+running slots, when the layers are unrolled and the slots are on one device (no mesh, or one
+that does not split them); otherwise over all slots' rows (idle rows write nothing). Stop sequences are matched within the current turn's generated tokens.
 Usage: see ``tests/generation/test_engine_async.py``; benchmarks: ``scripts/bench_sampler.py``,
 ``scripts/bench_rollout.py`` (group sharing, decode gaps under arrivals).
 """
@@ -80,9 +81,12 @@ class Engine:
             model, graphdef, cfg, scfg, unrolled=self.unrolled
         )
         self._state = self._relayout(state) if self._relayout is not None else state
-        # Row-compacted prefill: unrolled layers without a mesh (under a mesh the slots are
-        # sharded and a prefill keeps every shard busy with its own rows).
-        self._row_buckets = cfg.prefill_rows if self.unrolled and mesh is None else (cfg.max_slots,)
+        # Row-compacted prefill and decode chunks: unrolled layers with the slots on one device
+        # (no mesh, or a mesh that does not split the slots: a one-device run); where the slots
+        # are sharded, every shard computes its own rows.
+        compact = self.unrolled and programs.slot_shards(mesh) == 1
+        self._row_buckets = cfg.prefill_rows if compact else (cfg.max_slots,)
+        self._decode_rows = cfg.decode_rows if compact else (cfg.max_slots,)
         self._traces = 0
         self._trace_lock = threading.Lock()
         self._prefill, self._decoders, self._fork = programs.compile_programs(
@@ -242,8 +246,8 @@ class Engine:
                             self._running[req.session.slot] = req
                 # DECODE
                 if self._running:
-                    slots, window = self._plan_decode()
-                    out = await asyncio.to_thread(self._run_decode, slots, window)
+                    slots, window, rows = self._plan_decode()
+                    out = await asyncio.to_thread(self._run_decode, slots, window, rows)
                     now = time.perf_counter()
                     if self._last_tokens is not None:
                         gap = self.stats["max_token_gap_s"]
@@ -392,13 +396,36 @@ class Engine:
             else:
                 self._cache = self._prefill(self._state, self._cache, *args)
 
-    def _plan_decode(self) -> tuple[SlotState, int]:
-        active = np.zeros(self.cfg.max_slots, bool)
+    def _plan_decode(self) -> tuple[SlotState, int, np.ndarray | None]:
+        """The chunk's slot inputs, attention window and cache rows: the running slots, padded
+        with idle ones to the smallest row bucket (distinct rows: the idle ones are written back
+        unchanged), or None for all ``max_slots`` rows (then ``slots`` covers every slot)."""
+        B = self.cfg.max_slots
+        active = np.zeros(B, bool)
         active[list(self._running)] = True
         slots = self._slots.decode_inputs(active, self._recent())
         need = int(self._slots.lengths[active].max()) + self.cfg.decode_chunk
         window = next((w for w in self.cfg.decode_windows if w >= need), self.cfg.max_seq_len)
-        return slots, window
+        R = next(r for r in self._decode_rows if r >= len(self._running))
+        if R == B:
+            return slots, window, None
+        live = sorted(self._running)
+        rows = np.asarray(live + [s for s in range(B) if not active[s]][: R - len(live)], np.int32)
+        return jax.tree.map(lambda a: a[rows], slots), window, rows
+
+    def _run_decode(self, slots: SlotState, window: int, rows: np.ndarray | None):
+        if rows is None:
+            self._cache, out = self._decoders[window](self._state, self._cache, slots)
+            return jax.device_get(out)
+        self._cache, out = self._decoders[window](self._state, self._cache, slots, rows)
+        out = jax.device_get(out)
+
+        def widen(a):  # the rows' columns back at their slots (idle slots: zeros, unread)
+            full = np.zeros((*a.shape[:-1], self.cfg.max_slots), a.dtype)
+            full[..., rows] = a
+            return full
+
+        return type(out)(*(widen(a) for a in out))
 
     def _recent(self) -> np.ndarray:
         """Int[B LS]: each running turn's last generated tokens, right-aligned, -2 padded."""
@@ -409,10 +436,6 @@ class Engine:
             if tail:
                 recent[slot, LS - len(tail) :] = tail
         return recent
-
-    def _run_decode(self, slots: SlotState, window: int):
-        self._cache, out = self._decoders[window](self._state, self._cache, slots)
-        return jax.device_get(out)
 
     def _collect(self, out) -> None:
         """Append each running row's new tokens; resolve the rows that finished."""

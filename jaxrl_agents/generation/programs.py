@@ -49,6 +49,15 @@ def default_unrolled() -> bool:
     return jax.default_backend() in ("cpu", "gpu")  # measured faster on both
 
 
+def slot_shards(mesh: Mesh | None) -> int:
+    """How many shards the cache's slots are split into on ``mesh`` (1 without one)."""
+    if mesh is None:
+        return 1
+    slot_axes = shd.LOGICAL_AXIS_RULES["batch"]
+    slot_axes = (slot_axes,) if isinstance(slot_axes, str) else tuple(slot_axes or ())
+    return int(np.prod([mesh.shape[a] for a in slot_axes]))
+
+
 def new_cache(
     mcfg: ModelConfig, cfg: EngineConfig, *, unrolled: bool, mesh: Mesh | None
 ) -> tuple[decoder.KVCache, decoder.KVCache | None]:
@@ -59,10 +68,10 @@ def new_cache(
     cache = init(mcfg, batch=B, max_len=cfg.max_seq_len, dtype=cfg.cache_dtype)
     if mesh is None:
         return cache, None
-    slot_axes = shd.LOGICAL_AXIS_RULES["batch"]
-    slot_axes = (slot_axes,) if isinstance(slot_axes, str) else tuple(slot_axes or ())
-    n_slot_shards = int(np.prod([mesh.shape[a] for a in slot_axes]))
+    n_slot_shards = slot_shards(mesh)
     if B % n_slot_shards:
+        slot_axes = shd.LOGICAL_AXIS_RULES["batch"]
+        slot_axes = (slot_axes,) if isinstance(slot_axes, str) else tuple(slot_axes or ())
         raise ValueError(
             f"max_slots={B} must be a multiple of {'*'.join(slot_axes)}={n_slot_shards} "
             f"of mesh {dict(mesh.shape)}"

@@ -140,13 +140,15 @@ def make_decode(
     O(max_seq_len). The caller picks ``window >= lengths + chunk`` for every active row.
     """
 
-    def decode(state, full_cache, slots: SlotState):
+    def decode(state, full_cache, slots: SlotState, rows: Array | None = None):
         on_trace()
         B = slots.lengths.shape[0]
         k_axis, v_axis = cache_seq_axes(full_cache)
         windowed = window < jax.tree.leaves(full_cache.v)[0].shape[v_axis]
         cache = full_cache
-        if windowed:
+        if rows is not None:  # ``slots`` are cache rows ``rows`` (distinct; per-layer buffers)
+            cache = _take_rows(full_cache, rows, window, k_axis, v_axis)
+        elif windowed:
             cache = _cut_window(full_cache, window, k_axis, v_axis)
         out = _empty_chunk(chunk, B)
         cache = cache._replace(lengths=slots.lengths)
@@ -193,7 +195,9 @@ def make_decode(
             out,
         )
         _, cache, _, _, _, _, out = lax.while_loop(cond, body, carry)
-        if windowed:
+        if rows is not None:
+            cache = _put_rows(full_cache, cache, rows, k_axis, v_axis)
+        elif windowed:
             cache = _put_window(full_cache, cache, k_axis, v_axis)
         if cache_constraint is not None:
             cache = lax.with_sharding_constraint(cache, cache_constraint)
@@ -221,6 +225,36 @@ def _put_window(full_cache: Any, cache: Any, k_axis: int, v_axis: int) -> Any:
         )
 
     return cache._replace(
+        k=put(full_cache.k, cache.k, k_axis), v=put(full_cache.v, cache.v, v_axis)
+    )
+
+
+def _take_rows(full_cache: Any, rows: Array, window: int, k_axis: int, v_axis: int) -> Any:
+    """Cache rows ``rows`` (the leading axis of every buffer) cut to positions ``[0, window)``."""
+
+    def take(tree, axis):
+        return jax.tree.map(
+            lambda a: lax.slice_in_dim(jnp.take(a, rows, axis=0), 0, min(window, a.shape[axis]),
+                                       axis=axis),
+            tree,
+        )
+
+    return full_cache._replace(k=take(full_cache.k, k_axis), v=take(full_cache.v, v_axis))
+
+
+def _put_rows(full_cache: Any, cache: Any, rows: Array, k_axis: int, v_axis: int) -> Any:
+    """``cache`` (rows from :func:`_take_rows`) written back into ``full_cache``'s rows ``rows``
+    at position 0 (``rows`` are distinct)."""
+
+    def put(full, part, axis):
+        def one(f, p):
+            index = [slice(None)] * f.ndim
+            index[0], index[axis] = rows, slice(0, p.shape[axis])
+            return f.at[tuple(index)].set(p, unique_indices=True)
+
+        return jax.tree.map(one, full, part)
+
+    return full_cache._replace(  # lengths: the host's are the truth (as after a prefill)
         k=put(full_cache.k, cache.k, k_axis), v=put(full_cache.v, cache.v, v_axis)
     )
 
