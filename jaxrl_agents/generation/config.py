@@ -146,17 +146,17 @@ class EngineConfig:
     cache_dtype: str | None = None
     """KV cache dtype; None uses the sampler's compute dtype (``dtype``)."""
     prefill_rows: tuple[int, ...] | None = None
-    """Row buckets of prefill dispatches (unrolled layers, the slots on one device): a prefill computes over the
-    smallest bucket of rows holding every slot with new tokens, not over all ``max_slots``. One
-    prefill program per (length bucket, row bucket) used. None: max_slots // 16, // 4 and all
-    of them; (): always all rows."""
+    """Row buckets of prefill dispatches (unrolled layers, the slots on one device): a prefill
+    computes over the smallest bucket of rows holding every slot with new tokens, not over all
+    ``max_slots``. One prefill program per (length bucket, row bucket) used. None: max_slots //
+    16, // 4 and all of them; (): always all rows."""
     decode_rows: tuple[int, ...] | None = None
-    """Row buckets of decode chunks (unrolled layers, the slots on one device): a chunk computes over the
-    smallest bucket of rows holding every running session, its cache rows gathered (with the
-    attention window) before the chunk and written back after it, not over all ``max_slots``:
-    RL steps that run fewer sessions than slots, and the last sessions of a turn, stop paying
-    for idle rows. One decode program per (window, row bucket) used. None: max_slots // 4,
-    // 2 and all of them; (): always all rows."""
+    """Row buckets of decode chunks (unrolled layers, the slots on one device): a chunk
+    computes over the smallest bucket of rows holding every running session, their cache rows
+    gathered (with the attention window) before the chunk and written back after it, not over
+    all ``max_slots``: RL steps that run fewer sessions than slots, and the last sessions of a
+    turn, stop paying for idle rows. One decode program per (window, row bucket) used. None:
+    max_slots // 4, // 2 and all of them; (): always all rows."""
     unroll_layers: bool | None = None
     """Run the layers unrolled over a per-layer copy of the weights (in the compute dtype) and
     per-layer KV buffers, instead of the model's layer scan over stacked arrays. Faster decode on

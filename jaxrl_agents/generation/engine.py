@@ -34,7 +34,8 @@ compiled programs (and their count, ``compile_count``) in ``programs``.
 Prefill runs over the smallest row bucket (``EngineConfig.prefill_rows``) that holds the slots with
 new tokens, and a decode chunk over the smallest (``EngineConfig.decode_rows``) that holds the
 running slots, when the layers are unrolled and the slots are on one device (no mesh, or one
-that does not split them); otherwise over all slots' rows (idle rows write nothing). Stop sequences are matched within the current turn's generated tokens.
+that does not split them); otherwise over all slots' rows (idle rows write nothing). Stop
+sequences are matched within the current turn's generated tokens.
 Usage: see ``tests/generation/test_engine_async.py``; benchmarks: ``scripts/bench_sampler.py``,
 ``scripts/bench_rollout.py`` (group sharing, decode gaps under arrivals).
 """

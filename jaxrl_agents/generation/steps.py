@@ -234,8 +234,9 @@ def _take_rows(full_cache: Any, rows: Array, window: int, k_axis: int, v_axis: i
 
     def take(tree, axis):
         return jax.tree.map(
-            lambda a: lax.slice_in_dim(jnp.take(a, rows, axis=0), 0, min(window, a.shape[axis]),
-                                       axis=axis),
+            lambda a: lax.slice_in_dim(
+                jnp.take(a, rows, axis=0), 0, min(window, a.shape[axis]), axis=axis
+            ),
             tree,
         )
 
