@@ -79,13 +79,18 @@ def _model(args):
 
     if args.quick or args.random:
         cfg = ModelConfig.from_hf_config(
-            TINY if args.quick else SMOLLM2, remat=args.remat, dtype=args.dtype
+            TINY if args.quick else SMOLLM2,
+            remat=args.remat,
+            dtype=args.dtype,
+            scan_unroll=args.scan_unroll,
         )
         return Transformer(cfg, rngs=nnx.Rngs(0)), "random"
     from jaxrl_agents.models.gguf import local_folder
 
     folder = local_folder(args.model)
-    model, _ = load_pretrained(folder, tokenizer=False, remat=args.remat, dtype=args.dtype)
+    model, _ = load_pretrained(
+        folder, tokenizer=False, remat=args.remat, dtype=args.dtype, scan_unroll=args.scan_unroll
+    )
     return model, str(folder)
 
 
@@ -234,7 +239,9 @@ def child(args) -> dict:
     ref = jax.tree.map(jnp.copy, state.params) if args.kl else None
     key = jax.random.key(0)
     trainable = _nbytes(state.params) + _nbytes(state.opt_state)
+    t0 = time.perf_counter()
     compiled = update.lower(state, batch, episodes, key, ref).compile()
+    compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     program = None
     if mem is not None:
@@ -279,6 +286,7 @@ def child(args) -> dict:
         "trainable_params": int(sum(x.size for x in jax.tree.leaves(state.params))),
         "trainable_state_bytes": trainable,
         "update_program_bytes": program,
+        "update_compile_s": compile_s,
         "update_s": upd[0],
         "update_s_min": upd[1],
         "update_s_max": upd[2],
@@ -325,6 +333,12 @@ def main() -> None:
         "variant's model dtype), e.g. float32 under --lora-dtype bfloat16",
     )
     p.add_argument("--remat", action="store_true", help="rematerialise each layer (ModelConfig)")
+    p.add_argument(
+        "--scan-unroll",
+        type=int,
+        default=1,
+        help="layers per iteration of the layer scan (ModelConfig.scan_unroll; 30: unrolled)",
+    )
     p.add_argument("--kl", action="store_true", help="a KL term: the reference pass runs")
     p.add_argument("--rollouts", type=int, default=8, help="sessions sampled a rollout")
     p.add_argument("--prompt", type=int, default=192)

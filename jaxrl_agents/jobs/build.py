@@ -254,6 +254,7 @@ def build_model(spec: ModelSpec, *, vocab_size: int, mesh=None, seed: int = 0) -
             tokenizer=False,
             remat=spec.remat,
             attention=spec.attention,
+            scan_unroll=spec.scan_unroll,
         )
         return model
     if not spec.init:
@@ -265,6 +266,7 @@ def build_model(spec: ModelSpec, *, vocab_size: int, mesh=None, seed: int = 0) -
         "param_dtype": spec.param_dtype,
         "remat": spec.remat,
         "attention": spec.attention,
+        "scan_unroll": spec.scan_unroll,
     }
     cfg = dataclasses.replace(cfg, **{k: v for k, v in kw.items() if k in names})
     model = Transformer(cfg, rngs=nnx.Rngs(seed))

@@ -84,6 +84,10 @@ class ModelSpec:
     """Parameter (master weight) dtype."""
     remat: bool = False
     """Rematerialise each decoder layer in the backward pass."""
+    scan_unroll: int = 1
+    """Decoder layers per iteration of the layer scan (``ModelConfig.scan_unroll``): 1 compiles
+    one layer; the layer count unrolls them all (on CPU faster for full fine-tuning without
+    remat only; slower and far larger with remat: see ``ModelConfig.scan_unroll``)."""
     attention: str = "auto"
     """Multi-query attention (training, prefill): reference | fused | auto (fused on GPU:
     cuDNN flash attention, no materialised scores); see ``ModelConfig.attention``."""
@@ -97,6 +101,9 @@ class ModelSpec:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected float32 or bfloat16")
         if self.attention not in ("auto", "reference", "fused"):
             raise ValueError(f"attention={self.attention!r}: expected auto, reference or fused")
+        unroll = self.scan_unroll
+        if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
+            raise ValueError(f"scan_unroll={self.scan_unroll!r}: expected a positive integer")
 
 
 @dataclasses.dataclass

@@ -76,16 +76,23 @@ def load_policy(
     return nnx.merge(graphdef, state.params, rest), tokenizer, meta
 
 
+COMPILE_ONLY = frozenset({"model.scan_unroll"})
+"""Settings that change how the model compiles, not what it computes: an SFT result made under
+another value is the same policy."""
+
+
 def sft_source_differences(cfg: RunConfig, src: RunConfig) -> list[str]:
     """The settings that shape an SFT result (``model``, ``chat``, ``env``, ``seed``, the
-    ``trainer.sft`` fields but ``init_from``) where ``cfg`` and ``src`` differ, one ``key: here vs
-    there`` each. Compares several groups, so it takes the whole configs."""
+    ``trainer.sft`` fields but ``init_from``; not :data:`COMPILE_ONLY`) where ``cfg`` and ``src``
+    differ, one ``key: here vs there`` each. Compares several groups, so it takes the whole
+    configs."""
 
     def shaping(c: RunConfig) -> dict[str, Any]:
         sft = dataclasses.asdict(c.trainer.sft)
         tr = {f"trainer.sft.{k}": v for k, v in sft.items() if k != "init_from"}
         groups = {g: dataclasses.asdict(getattr(c, g)) for g in ("model", "chat", "env")}
-        return {**flatten_dict(groups, sep="."), "seed": c.seed, **tr}
+        flat = flatten_dict(groups, sep=".")
+        return {**{k: v for k, v in flat.items() if k not in COMPILE_ONLY}, "seed": c.seed, **tr}
 
     here, there = shaping(cfg), shaping(src)
     return [

@@ -146,6 +146,14 @@ class ModelConfig:
     """Storage dtype of the parameters (``float32`` or ``bfloat16``)."""
     remat: bool = False
     """Rematerialise each decoder block in the backward pass (saves activation memory)."""
+    scan_unroll: int = 1
+    """Decoder layers per iteration of the model's layer scan (``lax.scan(unroll=...)``): 1 keeps
+    one compiled layer (compile time independent of depth); ``num_hidden_layers`` unrolls the
+    whole stack. Measured on 2 CPU cores with the 135M model (BENCHMARKS.md, the real model's RL
+    step): unrolled, a full fine-tuning update without ``remat`` ran 1.15x faster, a LoRA update
+    no faster, and with ``remat`` a LoRA update ran ~1.25x slower at 3x the peak memory, each
+    compiling 2.5-3x longer; keep 1 unless a measurement says otherwise. (The sampler's own
+    layout is unrolled separately, ``models/unrolled.py``.)"""
     attention: str = "auto"
     """Attention over a call's own tokens and prefill (more than one query per row):
     ``reference`` (einsums with a materialised float32 score tensor: the checked path), ``fused``
@@ -161,6 +169,10 @@ class ModelConfig:
     ``config.json`` (a PEFT adapter folder or a merged checkpoint carries them)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.scan_unroll, bool) or int(self.scan_unroll) < 1:
+            raise ModelConfigError(
+                f"scan_unroll={self.scan_unroll!r}; a positive number of layers per scan iteration"
+            )
         if self.decode_attention not in ("reference", "pallas"):
             raise ModelConfigError(
                 f"decode_attention={self.decode_attention!r}; supported: reference, pallas"

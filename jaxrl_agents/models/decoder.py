@@ -237,7 +237,8 @@ class Transformer(nnx.Module):
         if cfg.remat:
             block = jax.checkpoint(block, prevent_cse=False)
         layer_ids = jnp.arange(cfg.num_hidden_layers)
-        (x, kv), _ = jax.lax.scan(block, (x, kv), (self.stacked_params(), layer_ids))
+        unroll = min(int(cfg.scan_unroll), cfg.num_hidden_layers)
+        (x, kv), _ = jax.lax.scan(block, (x, kv), (self.stacked_params(), layer_ids), unroll=unroll)
         h = rms_norm(x, self.final_norm[...], eps=cfg.rms_norm_eps)
         if cache is not None:
             n_valid = valid.sum(axis=1).astype(cache.lengths.dtype)

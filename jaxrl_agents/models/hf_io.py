@@ -85,6 +85,7 @@ def load_pretrained(
     tokenizer: bool = True,
     remat: bool = False,
     attention: str = "auto",
+    scan_unroll: int = 1,
 ) -> tuple[Transformer, Any]:
     """Load a local HF folder -> (Transformer placed on ``mesh`` or the default device, tokenizer).
 
@@ -97,7 +98,12 @@ def load_pretrained(
         raise CheckpointError(f"{folder} is not a Hugging Face model folder (no config.json)")
     hf_cfg = json.loads((folder / "config.json").read_text())
     cfg = ModelConfig.from_hf_config(
-        hf_cfg, dtype=dtype, param_dtype=param_dtype, remat=remat, attention=attention
+        hf_cfg,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        remat=remat,
+        attention=attention,
+        scan_unroll=scan_unroll,
     )
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)

@@ -136,3 +136,40 @@ def test_remat_and_bf16_params_run_and_differentiate():
     grads = nnx.jit(nnx.grad(loss))(model)
     g = grads["layers"]["q"][...]
     assert g.dtype == jnp.bfloat16 and bool(jnp.isfinite(g).all()) and bool((g != 0).any())
+
+
+@pytest.mark.parametrize("unroll", [2, 3])
+def test_unrolled_layer_scan_matches_the_rolled_one(unroll):
+    """``scan_unroll`` changes how the layers compile, not what they compute: logits, the KV cache
+    and every gradient (base and adapters) equal the one-layer scan's. 2 of 3 layers leaves a
+    remainder iteration; 3 unrolls the whole stack."""
+    from jaxrl_agents.models.config import LoRAConfig
+    from jaxrl_agents.models.lora import add_lora
+
+    cfg = _tiny().replace(num_hidden_layers=3)
+    tokens, positions, seg = ragged_batch()
+
+    def run(scan_unroll):
+        model = Transformer(cfg.replace(scan_unroll=scan_unroll), rngs=nnx.Rngs(0))
+        add_lora(model, LoRAConfig(rank=4, alpha=8.0), seed=1)
+        for i, name in enumerate(sorted(n for n in vars(model.lora) if n.endswith("_b"))):
+            b = getattr(model.lora, name)  # zeros at init: give A a gradient too
+            b[...] = 0.1 * jax.random.normal(jax.random.key(i), b[...].shape)
+        cache = init_cache(cfg, batch=tokens.shape[0], max_len=tokens.shape[1] + 2)
+        logits, new = nnx.jit(lambda m: m(tokens, positions, segment_ids=seg, cache=cache))(model)
+        grads = nnx.jit(nnx.grad(lambda m: m(tokens, positions, segment_ids=seg)[0].mean()))(model)
+        return logits, new.k, jax.tree.leaves(nnx.state(grads))
+
+    logits, k, grads = run(1)
+    logits_u, k_u, grads_u = run(unroll)
+    np.testing.assert_allclose(np.asarray(logits_u), np.asarray(logits), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(k_u), np.asarray(k), rtol=1e-5, atol=1e-5)
+    assert len(grads_u) == len(grads) > 10
+    for g_u, g in zip(grads_u, grads, strict=True):
+        assert float(jnp.abs(g).max()) > 0 or g.size == 0
+        np.testing.assert_allclose(np.asarray(g_u), np.asarray(g), rtol=1e-4, atol=1e-6)
+
+
+def test_scan_unroll_must_be_a_positive_layer_count():
+    with pytest.raises(ValueError, match="scan_unroll=0"):
+        _tiny().replace(scan_unroll=0)
