@@ -182,6 +182,17 @@ class EngineConfig:
     not the whole prompt. Shorter inputs are not held back; with nothing decoding everything
     waiting is prefilled at once. None: always whole inputs."""
 
+    def _row_buckets(self, name: str, fractions: tuple[int, ...]) -> tuple[int, ...]:
+        """Field ``name``'s row buckets, sorted, with ``max_slots`` (None: ``max_slots //
+        f`` for each of ``fractions``, at least 1); ``ValueError`` outside [1, max_slots]."""
+        given, B = getattr(self, name), self.max_slots
+        if given is None:
+            return tuple(sorted({max(1, B // f) for f in fractions} | {B}))
+        rows = {int(r) for r in given} | {B}
+        if min(rows) < 1 or max(rows) > B:
+            raise ValueError(f"{name}={given} must lie in [1, max_slots={B}]")
+        return tuple(sorted(rows))
+
     def __post_init__(self) -> None:
         if self.max_slots < 1:
             raise ValueError(f"max_slots={self.max_slots} must be >= 1")
@@ -205,24 +216,8 @@ class EngineConfig:
                     f"{self.max_seq_len}]"
                 )
         object.__setattr__(self, "decode_windows", tuple(w for w in wins if w < self.max_seq_len))
-        if self.prefill_rows is None:
-            rows = {max(1, self.max_slots // 16), max(1, self.max_slots // 4), self.max_slots}
-        else:
-            rows = {int(r) for r in self.prefill_rows} | {self.max_slots}
-            if min(rows) < 1 or max(rows) > self.max_slots:
-                raise ValueError(
-                    f"prefill_rows={self.prefill_rows} must lie in [1, max_slots={self.max_slots}]"
-                )
-        object.__setattr__(self, "prefill_rows", tuple(sorted(rows)))
-        if self.decode_rows is None:
-            rows = {max(1, self.max_slots // 4), max(1, self.max_slots // 2), self.max_slots}
-        else:
-            rows = {int(r) for r in self.decode_rows} | {self.max_slots}
-            if min(rows) < 1 or max(rows) > self.max_slots:
-                raise ValueError(
-                    f"decode_rows={self.decode_rows} must lie in [1, max_slots={self.max_slots}]"
-                )
-        object.__setattr__(self, "decode_rows", tuple(sorted(rows)))
+        for name, fractions in (("prefill_rows", (16, 4)), ("decode_rows", (4, 2))):
+            object.__setattr__(self, name, self._row_buckets(name, fractions))
         if self.decode_chunk < 1:
             raise ValueError(f"decode_chunk={self.decode_chunk} must be >= 1")
         if self.max_stop_sequences < 1 or self.max_stop_sequence_len < 1:
