@@ -156,7 +156,10 @@ class EngineConfig:
     gathered (with the attention window) before the chunk and written back after it, not over
     all ``max_slots``: RL steps that run fewer sessions than slots, and the last sessions of a
     turn, stop paying for idle rows. One decode program per (window, row bucket) used. None:
-    max_slots // 4, // 2 and all of them; (): always all rows."""
+    max_slots // 4, // 2 and all of them (``decode_row_buckets``); (): always all rows. A
+    session's log-probs can then differ in their last bits with how many sessions ran beside it
+    (another matmul shape); the tokens sampled from them are the same but at a rounding
+    boundary."""
     unroll_layers: bool | None = None
     """Run the layers unrolled over a per-layer copy of the weights (in the compute dtype) and
     per-layer KV buffers, instead of the model's layer scan over stacked arrays. Faster decode on
@@ -181,6 +184,11 @@ class EngineConfig:
     chunks (it joins decoding after its last piece) and running sessions stall for one piece,
     not the whole prompt. Shorter inputs are not held back; with nothing decoding everything
     waiting is prefilled at once. None: always whole inputs."""
+
+    @property
+    def decode_row_buckets(self) -> tuple[int, ...]:
+        """``decode_rows`` resolved: sorted, with ``max_slots``."""
+        return self._row_buckets("decode_rows", (4, 2))
 
     def _row_buckets(self, name: str, fractions: tuple[int, ...]) -> tuple[int, ...]:
         """Field ``name``'s row buckets, sorted, with ``max_slots`` (None: ``max_slots //
@@ -216,8 +224,8 @@ class EngineConfig:
                     f"{self.max_seq_len}]"
                 )
         object.__setattr__(self, "decode_windows", tuple(w for w in wins if w < self.max_seq_len))
-        for name, fractions in (("prefill_rows", (16, 4)), ("decode_rows", (4, 2))):
-            object.__setattr__(self, name, self._row_buckets(name, fractions))
+        object.__setattr__(self, "prefill_rows", self._row_buckets("prefill_rows", (16, 4)))
+        self._row_buckets("decode_rows", (4, 2))  # checked; kept as given (None: the default)
         if self.decode_chunk < 1:
             raise ValueError(f"decode_chunk={self.decode_chunk} must be >= 1")
         if self.max_stop_sequences < 1 or self.max_stop_sequence_len < 1:

@@ -56,8 +56,8 @@ from jaxrl_agents.generation import programs
 from jaxrl_agents.generation.config import EngineConfig, GenerationResult, SamplingParams
 from jaxrl_agents.generation.prefix_cache import PrefixCache
 from jaxrl_agents.generation.session import Request, Session
-from jaxrl_agents.generation.slots import SlotTable
-from jaxrl_agents.generation.steps import FINISH_NAMES, RUNNING, SlotState
+from jaxrl_agents.generation.slots import SlotTable, bucket_rows
+from jaxrl_agents.generation.steps import FINISH_NAMES, RUNNING, SlotState, widen_chunk
 
 __all__ = ["Engine", "Session"]
 
@@ -82,12 +82,10 @@ class Engine:
             model, graphdef, cfg, scfg, unrolled=self.unrolled
         )
         self._state = self._relayout(state) if self._relayout is not None else state
-        # Row-compacted prefill and decode chunks: unrolled layers with the slots on one device
-        # (no mesh, or a mesh that does not split the slots: a one-device run); where the slots
-        # are sharded, every shard computes its own rows.
+        # Row-compacted prefill and decode (module docstring): the slots on one device only.
         compact = self.unrolled and programs.slot_shards(mesh) == 1
         self._row_buckets = cfg.prefill_rows if compact else (cfg.max_slots,)
-        self._decode_rows = cfg.decode_rows if compact else (cfg.max_slots,)
+        self._decode_rows = cfg.decode_row_buckets if compact else (cfg.max_slots,)
         self._traces = 0
         self._trace_lock = threading.Lock()
         self._prefill, self._decoders, self._fork = programs.compile_programs(
@@ -398,35 +396,18 @@ class Engine:
                 self._cache = self._prefill(self._state, self._cache, *args)
 
     def _plan_decode(self) -> tuple[SlotState, int, np.ndarray | None]:
-        """The chunk's slot inputs, attention window and cache rows: the running slots, padded
-        with idle ones to the smallest row bucket (distinct rows: the idle ones are written back
-        unchanged), or None for all ``max_slots`` rows (then ``slots`` covers every slot)."""
-        B = self.cfg.max_slots
-        active = np.zeros(B, bool)
+        """The chunk's slot inputs, attention window and cache rows (``bucket_rows``)."""
+        active = np.zeros(self.cfg.max_slots, bool)
         active[list(self._running)] = True
         slots = self._slots.decode_inputs(active, self._recent())
         need = int(self._slots.lengths[active].max()) + self.cfg.decode_chunk
         window = next((w for w in self.cfg.decode_windows if w >= need), self.cfg.max_seq_len)
-        R = next(r for r in self._decode_rows if r >= len(self._running))
-        if R == B:
-            return slots, window, None
-        live = sorted(self._running)
-        rows = np.asarray(live + [s for s in range(B) if not active[s]][: R - len(live)], np.int32)
-        return jax.tree.map(lambda a: a[rows], slots), window, rows
+        rows = bucket_rows(active, self._decode_rows)
+        return (slots if rows is None else jax.tree.map(lambda a: a[rows], slots)), window, rows
 
     def _run_decode(self, slots: SlotState, window: int, rows: np.ndarray | None):
-        if rows is None:
-            self._cache, out = self._decoders[window](self._state, self._cache, slots)
-            return jax.device_get(out)
         self._cache, out = self._decoders[window](self._state, self._cache, slots, rows)
-        out = jax.device_get(out)
-
-        def widen(a):  # the rows' columns back at their slots (idle slots: zeros, unread)
-            full = np.zeros((*a.shape[:-1], self.cfg.max_slots), a.dtype)
-            full[..., rows] = a
-            return full
-
-        return type(out)(*(widen(a) for a in out))
+        return widen_chunk(jax.device_get(out), rows, self.cfg.max_slots)
 
     def _recent(self) -> np.ndarray:
         """Int[B LS]: each running turn's last generated tokens, right-aligned, -2 padded."""

@@ -105,3 +105,14 @@ class SlotTable:
                 min_p=self.min_p.copy(),
             ),
         )
+
+
+def bucket_rows(active: np.ndarray, buckets: tuple[int, ...]) -> np.ndarray | None:
+    """Cache rows of a decode chunk over the ``active`` slots (Bool[B]): those slots, then idle
+    ones up to the smallest of ``buckets`` that holds them (distinct rows, so the chunk's
+    write-back leaves the idle ones as they were); None when that bucket is all B rows."""
+    B, live = len(active), np.flatnonzero(active)
+    R = next(r for r in buckets if r >= len(live))
+    if R == B:
+        return None
+    return np.concatenate([live, np.flatnonzero(~active)[: R - len(live)]]).astype(np.int32)

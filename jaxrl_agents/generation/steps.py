@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import lax
 
@@ -227,6 +228,20 @@ def _put_window(full_cache: Any, cache: Any, k_axis: int, v_axis: int) -> Any:
     return cache._replace(
         k=put(full_cache.k, cache.k, k_axis), v=put(full_cache.v, cache.v, v_axis)
     )
+
+
+def widen_chunk(out: ChunkOut, rows: np.ndarray | None, n_slots: int) -> ChunkOut:
+    """A host ``ChunkOut`` over cache rows ``rows`` laid out over all ``n_slots`` slots (the
+    other slots' columns are zeros: nothing emitted); as it is when ``rows`` is None."""
+    if rows is None:
+        return out
+
+    def widen(a):
+        full = np.zeros((*a.shape[:-1], n_slots), a.dtype)
+        full[..., rows] = a
+        return full
+
+    return ChunkOut(*(widen(a) for a in out))
 
 
 def _take_rows(full_cache: Any, rows: Array, window: int, k_axis: int, v_axis: int) -> Any:

@@ -101,7 +101,7 @@ def test_many_episodes_compile_bounded_and_loop_free(engine):
     assert len(out) == 50 and all(r.finish_reason in ("stop", "length") for p in out for r in p)
     # One prefill program per (length bucket, row bucket) + one decode program per (window (and
     # the full cache), row bucket) + the prefix-fork program, whatever the 50 lengths were.
-    rows, decode_rows = engine.cfg.prefill_rows, engine.cfg.decode_rows
+    rows, decode_rows = engine.cfg.prefill_rows, engine.cfg.decode_row_buckets
     bound = len(BUCKETS) * len(rows) + (len(WINDOWS) + 1) * len(decode_rows) + 1
     assert engine.compile_count <= bound
     # The loop kept ticking through device work (it would freeze for whole dispatches otherwise).
@@ -257,7 +257,7 @@ def test_row_compacted_decode_matches_all_rows(model, one_device_mesh):
     if one_device_mesh:
         assert min(compact.row_counts) < 8
     full, ref = _staggered_episodes(model, prefill_rows=(), decode_rows=())
-    assert compact.cfg.decode_rows == (2, 4, 8) and full.cfg.decode_rows == (8,)
+    assert compact.cfg.decode_row_buckets == (2, 4, 8) and full.cfg.decode_row_buckets == (8,)
     assert set(full.decode_counts) == {8}
     assert set(compact.decode_counts) <= {2, 4, 8} and min(compact.decode_counts) < 8
     for a, b in zip(got, ref, strict=True):

@@ -9,6 +9,7 @@ import collections
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 from serve_helpers import Calc, Recorder, tiny_policy
 
@@ -61,7 +62,10 @@ def test_same_seed_same_sampled_tokens_on_the_real_engine(chat):
     for a, b in zip(builtin, agent, strict=True):
         assert (a.group_id, a.sample_index) == (b.group_id, b.sample_index)
         assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
-        assert a.logprobs == b.logprobs and sum(a.loss_mask) > 0
+        # equal up to float rounding: a decode chunk's row bucket (how many sessions ran beside
+        # this one, EngineConfig.decode_rows) changes the matmul shape, not the numbers' meaning
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
+        assert sum(a.loss_mask) > 0
     assert any(a.token_ids != b.token_ids for a, b in zip(builtin[::2], builtin[1::2], strict=True))
     _, other = _both(engine, chat, tasks, seed=8, started=True)
     assert sum(a.token_ids != b.token_ids for a, b in zip(builtin, other, strict=True)) >= 4
