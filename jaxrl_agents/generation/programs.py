@@ -49,13 +49,15 @@ def default_unrolled() -> bool:
     return jax.default_backend() in ("cpu", "gpu")  # measured faster on both
 
 
+def _slot_axes() -> tuple[str, ...]:
+    """The mesh axes the cache's slots (its ``batch`` axis) are sharded over."""
+    axes = shd.LOGICAL_AXIS_RULES["batch"]
+    return (axes,) if isinstance(axes, str) else tuple(axes or ())
+
+
 def slot_shards(mesh: Mesh | None) -> int:
     """How many shards the cache's slots are split into on ``mesh`` (1 without one)."""
-    if mesh is None:
-        return 1
-    slot_axes = shd.LOGICAL_AXIS_RULES["batch"]
-    slot_axes = (slot_axes,) if isinstance(slot_axes, str) else tuple(slot_axes or ())
-    return int(np.prod([mesh.shape[a] for a in slot_axes]))
+    return 1 if mesh is None else int(np.prod([mesh.shape[a] for a in _slot_axes()]))
 
 
 def new_cache(
@@ -70,10 +72,8 @@ def new_cache(
         return cache, None
     n_slot_shards = slot_shards(mesh)
     if B % n_slot_shards:
-        slot_axes = shd.LOGICAL_AXIS_RULES["batch"]
-        slot_axes = (slot_axes,) if isinstance(slot_axes, str) else tuple(slot_axes or ())
         raise ValueError(
-            f"max_slots={B} must be a multiple of {'*'.join(slot_axes)}={n_slot_shards} "
+            f"max_slots={B} must be a multiple of {'*'.join(_slot_axes())}={n_slot_shards} "
             f"of mesh {dict(mesh.shape)}"
         )
 
