@@ -50,9 +50,14 @@ class EnvBinding:
     """Constructor arguments of the SFT golden episodes' env (``env.sft_options`` over these)."""
     golden_task_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """``make_tasks`` arguments of the SFT golden data (``env.sft_tasks`` over these)."""
+    train_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Constructor arguments of the RL training episodes' env (``env.rl_options`` over these)."""
 
     def factory(self) -> Env:
         return self.cls(**self.kwargs)
+
+    def train_factory(self) -> Env:
+        return self.cls(**{**self.kwargs, **self.train_kwargs})
 
     def golden_factory(self) -> Env:
         return self.cls(**{**self.kwargs, **self.golden_kwargs})
@@ -99,7 +104,10 @@ def resolve_env(spec: EnvSpec, *, extra_task_kwargs: dict[str, Any] | None = Non
     except ValueError as e:
         raise ConfigError(f"env.name: {e}") from e
     kwargs = spec.env_kwargs()
-    for key, options in (("env.options", {}), ("env.sft_options", spec.sft_options)):
+    checks = [("env.options", {}), ("env.sft_options", spec.sft_options)]
+    if spec.rl_options:  # (an unset one is env.options, checked)
+        checks.append(("env.rl_options", spec.rl_options))
+    for key, options in checks:
         try:  # constructor arguments checked now, not in the first episode
             cls(**{**kwargs, **options})
         except (TypeError, ValueError) as e:
@@ -115,7 +123,14 @@ def resolve_env(spec: EnvSpec, *, extra_task_kwargs: dict[str, Any] | None = Non
                 f"{key}.{bad[0]}: {cls.__name__}.make_tasks has no such argument; "
                 f"valid: {', '.join(valid) or '(none)'}"
             )
-    return EnvBinding(cls, kwargs, task_kwargs, dict(spec.sft_options), dict(spec.sft_tasks))
+    return EnvBinding(
+        cls,
+        kwargs,
+        task_kwargs,
+        dict(spec.sft_options),
+        dict(spec.sft_tasks),
+        dict(spec.rl_options),
+    )
 
 
 # -- model pieces ---------------------------------------------------------------------------------

@@ -158,6 +158,10 @@ class EnvSpec(EnvConfig):
     sft_tasks: dict[str, Any] = dataclasses.field(default_factory=dict)
     """``make_tasks`` arguments of the SFT golden data, over ``tasks`` (e.g. ``two_step_frac:
     0``: SFT is shown one-step problems only, RL trains on the full mix)."""
+    rl_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """``options`` of the env the RL (and RFT) training episodes run in, over ``options``;
+    held-out and validation episodes keep ``options`` (e.g. the calculator's ``fault_rate:
+    0.6``: training meets tool faults more often than the evaluation does)."""
 
     def env_kwargs(self) -> dict[str, Any]:
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(EnvConfig)}

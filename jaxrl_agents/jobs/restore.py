@@ -79,20 +79,25 @@ def load_policy(
 COMPILE_ONLY = frozenset({"model.scan_unroll"})
 """Settings that change how the model compiles, not what it computes: an SFT result made under
 another value is the same policy."""
+RL_ONLY = ("env.rl_options",)
+"""Settings (and their sub-keys) that only the stage after SFT reads."""
 
 
 def sft_source_differences(cfg: RunConfig, src: RunConfig) -> list[str]:
     """The settings that shape an SFT result (``model``, ``chat``, ``env``, ``seed``, the
-    ``trainer.sft`` fields but ``init_from``; not :data:`COMPILE_ONLY`) where ``cfg`` and ``src``
-    differ, one ``key: here vs there`` each. Compares several groups, so it takes the whole
-    configs."""
+    ``trainer.sft`` fields but ``init_from``; not :data:`COMPILE_ONLY` or :data:`RL_ONLY`) where
+    ``cfg`` and ``src`` differ, one ``key: here vs there`` each. Compares several groups, so it
+    takes the whole configs."""
 
     def shaping(c: RunConfig) -> dict[str, Any]:
         sft = dataclasses.asdict(c.trainer.sft)
         tr = {f"trainer.sft.{k}": v for k, v in sft.items() if k != "init_from"}
         groups = {g: dataclasses.asdict(getattr(c, g)) for g in ("model", "chat", "env")}
         flat = flatten_dict(groups, sep=".")
-        return {**{k: v for k, v in flat.items() if k not in COMPILE_ONLY}, "seed": c.seed, **tr}
+        keep = {
+            k: v for k, v in flat.items() if k not in COMPILE_ONLY and not k.startswith(RL_ONLY)
+        }
+        return {**keep, "seed": c.seed, **tr}
 
     here, there = shaping(cfg), shaping(src)
     return [

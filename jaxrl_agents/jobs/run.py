@@ -103,7 +103,7 @@ class Run:
         ``trainer.dynamic_*`` (the RFT stage samples without)."""
         tr = self.tr
         return StepSource(
-            self.sys.collector,
+            self.sys.train_collector(),
             partial(self.sys.env.tasks, "train"),
             self.keys,
             self.train_tasks,

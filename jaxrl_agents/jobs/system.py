@@ -97,6 +97,13 @@ class TrainSystem:
         ``env.sft_options``."""
         return dataclasses.replace(self.collector, reward=None, env_factory=self.env.golden_factory)
 
+    def train_collector(self) -> Collector:
+        """The collector of RL (and RFT) training episodes: the env with ``env.rl_options``
+        (evaluations keep ``collector``)."""
+        if not self.env.train_kwargs:
+            return self.collector
+        return dataclasses.replace(self.collector, env_factory=self.env.train_factory)
+
 
 def seq_buckets(trainer: TrainerSpec, rollout: RolloutConfig) -> list[int]:
     """``trainer.batching.seq_buckets``, or the ladder 128, 192, 256, 384, 512, 768, ... up to the

@@ -257,10 +257,10 @@ def test_faults_are_transient_capped_replayable_and_sliced():
 
 def test_fault_count_is_capped_and_bad_options_name_the_value():
     task = CalculatorEnv.make_tasks("train", 1, seed=0)[0]
-    env = CalculatorEnv(fault_rate=0.99, max_faults=3)
+    env = CalculatorEnv(fault_rate=1.0, max_faults=3)  # every call fails until the cap
     verdict, messages, _ = _drive(env, task, oracle_policy(task))
     assert verdict.success and verdict.info["faults"] == 3
-    with pytest.raises(ValueError, match="fault_rate must be in \\[0, 1\\), got 1.5"):
+    with pytest.raises(ValueError, match="fault_rate must be in \\[0, 1\\], got 1.5"):
         CalculatorEnv(fault_rate=1.5)
     with pytest.raises(ValueError, match="max_faults must be >= 0, got -1"):
         CalculatorEnv(max_faults=-1)

@@ -83,3 +83,19 @@ def test_bad_baseline_keys_name_the_valid_values(tmp_path, monkeypatch, capsys):
     ):
         assert _main([*FAST, f"run_dir={tmp_path / 'x'}", key], monkeypatch) not in (0, None)
         assert valid in capsys.readouterr().err
+
+
+def test_rl_options_reach_the_training_episodes_and_not_the_evaluations(tmp_path):
+    """``env.rl_options`` (here: a fault on every call) is the env of the RL and RFT step
+    source; held-out evaluation keeps ``env.options`` (no faults)."""
+    run, _ = _run(
+        tmp_path / "rl_options",
+        "trainer.rl.tasks_per_step=4",
+        "+env.rl_options={fault_rate: 1.0}",
+    )
+    engine = ScriptedEngine(run.sys.chat, policy_factory=oracle_policy)
+    roll, _ = asyncio.run(run.step_source(dynamic=False).step(engine, 0, version=0))
+    trained = run.sys.collector.everyone(roll)
+    assert len(trained) == 8 and all(t.info["faults"] == 1 for t in trained)
+    _, held_out = asyncio.run(run.evaluate(engine, version=0))
+    assert held_out and all(t.info["faults"] == 0 for t in held_out)

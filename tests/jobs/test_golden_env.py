@@ -44,6 +44,7 @@ def test_golden_env_and_tasks_override_the_rl_ones():
         ),
         (EnvSpec(sft_options={"fault_rate": 2.0}), r"env\.sft_options: fault_rate must be in"),
         (EnvSpec(sft_options={"faults": 1}), r"env\.sft_options: .*faults"),
+        (EnvSpec(rl_options={"fault_rate": -1.0}), r"env\.rl_options: fault_rate must be in"),
     ],
 )
 def test_bad_golden_settings_stop_in_one_line(spec, match):

@@ -27,6 +27,7 @@ def test_rl_from_another_runs_sft(tmp_path, monkeypatch, capsys):
         "advantage=gae",
         "loss=ppo_value",
         "model.scan_unroll=2",  # how the layers compile is not an SFT setting: accepted
+        "+env.rl_options.fault_rate=0.5",  # the RL episodes' env: not an SFT setting either
     ]
     assert _main(argv, monkeypatch) == 0
     out = capsys.readouterr().out

@@ -84,8 +84,8 @@ class CalculatorEnv(Env):
         **env_kwargs: Any,
     ):
         super().__init__(config=config, **env_kwargs)
-        if not 0.0 <= fault_rate < 1.0:
-            raise ValueError(f"fault_rate must be in [0, 1), got {fault_rate}")
+        if not 0.0 <= fault_rate <= 1.0:
+            raise ValueError(f"fault_rate must be in [0, 1], got {fault_rate}")
         if max_faults < 0:
             raise ValueError(f"max_faults must be >= 0, got {max_faults}")
         self.one_op_per_call = bool(one_op_per_call)
