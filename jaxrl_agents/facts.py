@@ -29,7 +29,15 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jaxrl_agents.types import Ann, EndReason, ToolCall, ToolErrorKind, Trajectory, Turn
+from jaxrl_agents.types import (
+    Ann,
+    EndReason,
+    ToolCall,
+    ToolErrorKind,
+    ToolResult,
+    Trajectory,
+    Turn,
+)
 
 INVALID_CALL_KINDS: tuple[ToolErrorKind, ...] = (
     ToolErrorKind.MALFORMED,
@@ -94,16 +102,24 @@ class CallHistory:
         self._key = _key_fn(normalize)
         self._seen: set[str] = set()
 
-    def add(self, calls: Iterable[ToolCall]) -> int:
+    def add(self, calls: Iterable[ToolCall], results: Iterable[ToolResult] | None = None) -> int:
         """Record one turn's calls in order; return how many valid ones repeat an earlier call
-        (of an earlier turn or earlier in this one). Calls with ``error`` set are ignored."""
-        repeats = 0
+        (of an earlier turn, or earlier in this one). Calls with ``error`` set are ignored.
+        ``results``: the turn's tool results; a call whose execution failed (the tool raised or
+        timed out) is forgotten, so calling it again is a retry, not a repeat (an invalid call's
+        refusal, unknown tool or bad arguments, is remembered). A call without a result is
+        remembered."""
+        repeats, turn = 0, set()
         for call in calls:
             if call.error is not None:
                 continue
             key = self._key(call)
-            repeats += key in self._seen
-            self._seen.add(key)
+            repeats += key in self._seen or key in turn
+            turn.add(key)
+        self._seen |= turn
+        for r in results or ():
+            if r.call.error is None and not r.ok and r.error_kind not in INVALID_CALL_KINDS:
+                self._seen.discard(self._key(r.call))
         return repeats
 
 
@@ -111,7 +127,7 @@ def repeated_call_counts(turns: Iterable[Turn], *, normalize: bool = True) -> li
     """Per turn: valid calls whose key appeared earlier in the episode. ``normalize=False`` uses the
     exact ``ToolCall.signature()`` (diagnostics only; every consumer uses the default)."""
     history = CallHistory(normalize=normalize)
-    return [history.add(t.tool_calls) for t in turns]
+    return [history.add(t.tool_calls, t.tool_results) for t in turns]
 
 
 def repeated_calls(traj: Trajectory, *, normalize: bool = True) -> int:

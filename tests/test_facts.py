@@ -397,3 +397,21 @@ def test_env_annotations_match_facts(name):
     _check_agreement(traj, repeats, prem, invalid)
     if name.startswith("premature"):
         assert failure_modes(traj)["skipped_step"]
+
+
+def test_a_call_again_after_its_transient_fault_is_a_retry_not_a_repeat():
+    """The env and facts agree: the second call of ``o1`` follows its fault (a retry), the third
+    follows its success (a repeat); the loop failure mode counts only the repeat."""
+    (one,) = CalculatorEnv.make_tasks("train", 1, seed=3, two_step_frac=0.0)
+    (o1,) = (s["expression"] for s in one.data["steps"])
+    env = NumericCalculator(fault_rate=1.0, max_faults=1)  # the first call fails
+    script = [[calc(o1)], [calc(o1)], str(one.data["answer"])]
+    traj, annotated = asyncio.run(_play(env, one, script))
+    assert not traj.turns[0].tool_results[0].ok and traj.turns[1].tool_results[0].ok
+    assert annotated == facts.repeated_call_counts(traj.turns) == [0, 0, 0]
+    assert traj.verdict.success and not failure_modes(traj)["loop"]
+    env = NumericCalculator(fault_rate=1.0, max_faults=1)
+    script = [[calc(o1)], [calc(o1)], [calc(_spaced(o1))], str(one.data["answer"])]
+    traj, annotated = asyncio.run(_play(env, one, script))
+    assert annotated == facts.repeated_call_counts(traj.turns) == [0, 0, 1, 0]
+    assert failure_modes(traj)["loop"]

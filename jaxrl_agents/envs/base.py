@@ -194,7 +194,6 @@ class Env:
             ann.update({Ann.ANSWERED: True, REPEATED_CALLS: 0})
             ann.update(self._after_turn())
             return EnvStep(messages=[], done=True, annotations=ann)
-        repeated = self._calls.add(tool_calls)
         results, messages = [], []
         for call in tool_calls:
             result = await self.tools.execute(
@@ -212,6 +211,7 @@ class Env:
                     "content": result.content,
                 }
             )
+        repeated = self._calls.add(tool_calls, results)  # a call after its error is a retry
         self.stats["tool_calls"] += len(results)
         self.stats["tool_errors"] += sum(not r.ok for r in results)
         self.stats["repeated_calls"] += repeated

@@ -127,7 +127,8 @@ def efficiency(traj: Trajectory, *, per_call: float = -0.02, per_token: float = 
 def loop(traj: Trajectory, *, per_repeat: float = -0.1) -> list[float]:
     """``per_repeat`` per valid tool call that repeats an earlier call of the episode, on the turn
     that made it (``facts.repeated_call_counts``: equal up to case, whitespace and number spelling,
-    the same count as the env's ``repeated_calls`` annotation and the evaluation's ``loop``)."""
+    the same count as the env's ``repeated_calls`` annotation and the evaluation's ``loop``; a
+    call again after its execution failed is a retry, not a repeat)."""
     return [per_repeat * n for n in facts.repeated_call_counts(traj.turns)]
 
 
