@@ -20,11 +20,13 @@ variants, each one's RL minus the first variant's, paired by seed), ``results.js
 one line per variant).
 
 ``--baselines`` runs RL against the non-RL baselines at an equal episode budget (``BASELINES``)
-and adds RL minus the best of them, paired by seed; ``--pass-k K`` adds a sampled evaluation of
-every final policy (K samples a task at the run's temperature: pass@1 and pass@K); ``--set``
-applies overrides to every run (e.g. a task pool never looked at); ``--jobs N`` runs N
-(variant, seed) runs at once (a run that starts from another's SFT result waits for it), with
-``--eval-jobs`` (default 1) of their evaluations at a time.
+and adds RL minus the best of them, paired by seed; a variant that is another variant plus a
+baseline's override is that variant's baseline, paired the same way (RFT from an RL recipe:
+``--variants R "R trainer.rl.stage=rft"``, at the recipe's budget); ``--pass-k K`` adds a
+sampled evaluation of every final policy (K samples a task at the run's temperature: pass@1 and
+pass@K); ``--set`` applies overrides to every run (e.g. a task pool never looked at);
+``--jobs N`` runs N (variant, seed) runs at once (a run that starts from another's SFT result
+waits for it), with ``--eval-jobs`` (default 1) of their evaluations at a time.
 """
 
 from __future__ import annotations
@@ -94,12 +96,14 @@ def preset(name: str, overrides: list[str]) -> dict:
 
 
 def equal_budget(cfg: dict) -> list[str]:
-    """Overrides that give an SFT-only baseline the RL run's episode budget: its SFT data are the
-    RL run's annotator episodes plus as many as RL samples (``steps x tasks_per_step x
-    group_size``), and its golden steps grow so that each episode is still seen as often (the
-    copy steps unchanged); no stage after SFT."""
+    """Overrides that give an SFT-only baseline the RL run's episode budget: its SFT data are
+    the RL run's annotator episodes plus as many as RL samples (``steps x tasks_per_step x
+    group_size``; with dynamic sampling, x ``dynamic_max_rounds``: the most it samples), and its
+    golden steps grow so that each episode is still seen as often (the copy steps unchanged); no
+    stage after SFT."""
     sft, rl = cfg["trainer"]["sft"], cfg["trainer"]["rl"]
-    extra = rl["steps"] * rl["tasks_per_step"] * cfg["rollout"]["group_size"]
+    rounds = rl["dynamic_max_rounds"] if rl.get("dynamic_sampling") else 1  # RL's most
+    extra = rl["steps"] * rl["tasks_per_step"] * cfg["rollout"]["group_size"] * rounds
     golden = sft["steps"] - sft["copy_steps"]
     per_step = sft["examples"] / golden  # episodes per golden step
     steps = sft["copy_steps"] + round((sft["examples"] + extra) / per_step)
@@ -443,19 +447,43 @@ def slice_table(rs: list[dict]) -> list[str]:
     return ["", "Held-out success by slice (95% Wilson interval, episodes):", "", *lines, ""]
 
 
-def baseline_table(by_variant: dict[str, list[dict]]) -> list[str]:
-    """RL against the non-RL baselines (``BASELINES``): each method's final held-out success per
-    seed and its mean (95% t-interval), RL minus each baseline paired by seed, and RL minus the
-    best baseline (the one with the highest mean; chosen after the fact, which favours it)."""
-    rl = {r["seed"]: r["rl"] for r in by_variant.get("base", [])}
-    lines = ["### RL against non-RL baselines (equal episode budget)", "",
+def baseline_groups(by_variant: dict[str, list[dict]]) -> dict[str, list[str]]:
+    """Each RL variant's non-RL baselines among the variants: a variant that is another one plus
+    a ``BASELINES`` override (RFT from a recipe: ``--variants R "R trainer.rl.stage=rft"``), or
+    the override alone, a baseline of the preset as it is (``base``: ``--baselines``)."""
+    groups: dict[str, list[str]] = {}
+    for variant in by_variant:
+        for override, _ in BASELINES.values():
+            if variant == override:
+                rl = "base"
+            elif variant.endswith(" " + override):
+                rl = variant[: -len(override) - 1]
+            else:
+                continue
+            if rl in by_variant:
+                groups.setdefault(rl, []).append(variant)
+    return groups
+
+
+def baseline_table(
+    by_variant: dict[str, list[dict]], rl_variant: str, bases: list[str]
+) -> list[str]:
+    """RL (``rl_variant``) against its non-RL baselines (``bases``, :func:`baseline_groups`): each
+    method's final held-out success per seed and its mean (95% t-interval), RL minus each
+    baseline paired by seed, and RL minus the best baseline (the one with the highest mean;
+    chosen after the fact, which favours it)."""
+    rl = {r["seed"]: r["rl"] for r in by_variant[rl_variant]}
+    title = "" if rl_variant == "base" else f" of `{rl_variant}`"
+    lines = [f"### RL{title} against non-RL baselines (equal episode budget)", "",
              "| method | final held-out success per seed | mean (95% t-interval) "
              "| RL minus it, paired by seed (points, 95% t-interval) |",
              "|---|---|---|---|"]  # fmt: skip
     best, labels = None, {o: what for o, what in BASELINES.values()}
-    for variant, rs in by_variant.items():
-        key = "" if variant == "base" else variant
-        label = labels.get(key, variant) if key else "RL (the preset)"
+    for variant in [rl_variant, *bases]:
+        rs = by_variant[variant]
+        key = "" if variant == rl_variant else variant
+        override = variant if rl_variant == "base" else variant[len(rl_variant) + 1 :]
+        label = labels[override] if key else "RL" + (" (the preset)" if title == "" else "")
         per = " / ".join(f"{r['rl']:.2f} (seed {r['seed']})" for r in rs)
         m, lo, hi = interval([r["rl"] for r in rs])
         diffs = [100 * (rl[r["seed"]] - r["rl"]) for r in rs if r["seed"] in rl]
@@ -465,7 +493,7 @@ def baseline_table(by_variant: dict[str, list[dict]]) -> list[str]:
             paired = f"{d:+.1f} ({span(dlo, dhi, '+.1f', ' to ')}; {len(diffs)} seeds)"
             if best is None or m > best[1]:
                 best = (label, m, d, dlo, dhi, len(diffs))
-        name = f"{label} (`{key}`)" if key else label
+        name = f"{label} (`{override}`)" if key else label
         lines.append(f"| {name} | {per} | {m:.3f} ({span(lo, hi)}) | {paired} |")
     if best:
         label, _, d, dlo, dhi, n = best
@@ -535,9 +563,7 @@ def behaviour_table(by_variant: dict[str, list[dict]], window: int = 10) -> list
     return [*lines, ""]
 
 
-def write(
-    name: str, results: list[dict], root: Path, baselines: bool = False, command: str | None = None
-) -> str:
+def write(name: str, results: list[dict], root: Path, command: str | None = None) -> str:
     lines = [f"## Experiment `{name}`", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
@@ -577,8 +603,8 @@ def write(
                          f"{statistics.mean(r['rl'] for r in rs):.3f} | "
                          f"{m:+.1f} ({span(lo, hi, '+.1f', ' to ')}) | {paired} |")  # fmt: skip
         lines.append("")
-    if baselines:
-        lines += baseline_table(by_variant)
+    for rl_variant, bases in baseline_groups(by_variant).items():
+        lines += baseline_table(by_variant, rl_variant, bases)
     lines += sampled_table(by_variant)
     curves = learning_curves(results)
     if curves:
@@ -783,9 +809,7 @@ def main() -> None:
     # the command that runs the experiment (with --tables-only it only wrote the tables)
     argv = [a for a in sys.argv[1:] if a != "--tables-only"]
     command = shlex.join(["python", "scripts/run_experiment.py", *argv])
-    print(
-        write(args.experiment, results, root, baselines=args.baselines is not None, command=command)
-    )
+    print(write(args.experiment, results, root, command=command))
 
 
 if __name__ == "__main__":

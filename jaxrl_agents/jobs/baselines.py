@@ -3,7 +3,11 @@
 Rejection-sampling fine-tuning (RFT): the policy RL would start from (the SFT result) samples
 the RL stage's episode budget, ``trainer.rl.steps x tasks_per_step x rollout.group_size``
 episodes on the same task stream and sampling seeds as RL's steps, with the rollout's
-temperature; the env's verdict keeps the successful ones (written to
+temperature, in the env of RL's episodes (``env.rl_options``); with
+``trainer.rl.dynamic_sampling`` the budget is the most an RL step can sample,
+``trainer.rl.dynamic_max_rounds`` rounds a step on RL's refill streams (RL drops uninformative
+groups and usually stops earlier: the baseline never samples less). The env's verdict keeps the
+successful ones (written to
 ``trajectories/rft_kept_step<N>.jsonl`` unless ``trainer.log.trajectories_every=0``); then
 ``trainer.rl.steps`` SFT steps of ``tasks_per_step x group_size`` rows each (the rows of an RL
 update) train on the kept episodes, drawn uniformly, at ``trainer.sft.lr`` with the optimizer's
@@ -37,17 +41,17 @@ async def rft(run: Run, engine: Any, state: TrainState) -> TrainState:
     returns the fine-tuned state, checkpointed as RL's last step."""
     cfg, tr, system = run.cfg, run.tr, run.sys
     group, collector = cfg.rollout.group_size, system.collector
-    source = run.step_source(dynamic=False)
+    source = run.step_source(dynamic=tr.rl.dynamic_sampling)
     kept: list[tuple[list[int], list[int]]] = []
     kept_trajs = []  # what the fine-tuning sees, written for audit
     episodes = 0
     for s in run.bar(0, tr.rl.steps, "RFT sampling"):
-        roll, _ = await source.step(engine, s, version=tr.sft.steps)
-        trajs = collector.everyone(roll)  # every process holds every kept row (as in SFT)
-        run.check_errors(trajs, f"RFT sampling round {s + 1}")
-        episodes += len(trajs)
-        kept += [(t.token_ids, t.loss_mask) for t in trajs if t.success]
-        kept_trajs += [t for t in trajs if t.success]
+        for roll in await source.budget(engine, s, version=tr.sft.steps):
+            trajs = collector.everyone(roll)  # every process holds every kept row (as in SFT)
+            run.check_errors(trajs, f"RFT sampling round {s + 1}")
+            episodes += len(trajs)
+            kept += [(t.token_ids, t.loss_mask) for t in trajs if t.success]
+            kept_trajs += [t for t in trajs if t.success]
     note = {"episodes": episodes, "kept": len(kept), "kept_frac": len(kept) / max(episodes, 1)}
     run.record.set("rft", note)
     run.record.save()

@@ -101,8 +101,9 @@ class RLSpec:
     stage: str = "rl"
     """What the stage after SFT runs: ``rl`` (the RL updates) or ``rft``, rejection-sampling
     fine-tuning, a non-RL baseline at RL's episode budget and update count (``jobs.baselines``:
-    the starting policy samples ``steps x tasks_per_step x rollout.group_size`` episodes, the
-    verified ones are kept, ``steps`` SFT steps at ``trainer.sft.lr`` train on them)."""
+    the starting policy samples ``steps x tasks_per_step x rollout.group_size`` episodes, times
+    ``dynamic_max_rounds`` with ``dynamic_sampling``, the verified ones are kept, ``steps`` SFT
+    steps at ``trainer.sft.lr`` train on them)."""
     seed: int | None = None
     """Seed of RL's own random draws (its training tasks, sampling, updates, refills; a critic's
     init) instead of the run's ``seed``, which still makes the model, the SFT data and the

@@ -64,6 +64,26 @@ class StepSource:
         await self.collector.score(roll.trajectories)  # REWARD
         return roll
 
+    async def budget(self, engine: Any, s: int, *, version: int) -> list[Rollout]:
+        """Every round step ``s`` may sample, each scored and unfiltered: its own round and,
+        with dynamic sampling, all ``max_rounds - 1`` refill rounds on the refill streams
+        :meth:`step` draws from (the most episodes an RL step can sample, on the same tasks and
+        seeds). What a baseline at RL's episode budget samples (``jobs.baselines``)."""
+        rolls = [
+            await self._round(
+                engine, self.tasks(s), seed=self.keys.seed("rollout", s), version=version
+            )
+        ]
+        for k in range(1, self.max_rounds if self.dynamic else 1):
+            r = s * self.max_rounds + k
+            extra = self.new_tasks(self.tasks_per_step, seed=self.keys.seed("refill", r))
+            rolls.append(
+                await self._round(
+                    engine, extra, seed=self.keys.seed("rollout_refill", r), version=version
+                )
+            )
+        return rolls
+
     async def step(self, engine: Any, s: int, *, version: int) -> tuple[Rollout, dict[str, float]]:
         """Step ``s``'s scored episodes (this process's share), sampled at policy ``version``,
         and the dynamic-sampling counts (empty without it)."""

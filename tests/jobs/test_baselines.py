@@ -51,6 +51,38 @@ def test_rft_keeps_the_verified_episodes_of_the_rl_budget_and_trains_on_them(tmp
     assert [r["step"] for r in rows if r.get("stage") == "rft"] == [2]
 
 
+def test_rft_with_dynamic_sampling_samples_every_round_rl_may_sample(tmp_path):
+    """With ``trainer.rl.dynamic_sampling`` RL's budget is up to ``dynamic_max_rounds`` rounds a
+    step: RFT samples all of them, on the tasks an RL step's refills draw."""
+    run, state = _run(
+        tmp_path / "dyn",
+        "trainer.rl.steps=2",
+        "trainer.rl.tasks_per_step=2",
+        "trainer.rl.dynamic_sampling=true",
+        "trainer.rl.dynamic_max_rounds=3",
+    )
+    seen: dict[str, list[str]] = {"rl": [], "rft": []}
+    phase = ["rl"]
+
+    def wrong(task):  # every group uninformative: an RL step runs all of its rounds
+        seen[phase[0]].append(task.id)
+        return wrong_policy(task)
+
+    engine = ScriptedEngine(run.sys.chat, policy_factory=wrong)
+    source = run.step_source(dynamic=True)
+    for s in range(2):
+        _, counts = asyncio.run(source.step(engine, s, version=0))
+        assert counts["dynamic/refill_rounds"] == 2
+    phase[0] = "rft"
+    try:
+        asyncio.run(rft(run, engine, state))
+    except JobAborted as e:  # nothing solved: the count of what was sampled is in the line
+        assert "none of the 24 episodes" in str(e)  # 2 steps x 3 rounds x 2 tasks x group 2
+    else:
+        raise AssertionError("expected JobAborted")
+    assert len(seen["rft"]) == 24 and sorted(seen["rft"]) == sorted(seen["rl"])
+
+
 def test_rft_without_a_success_stops_in_one_line(tmp_path):
     run, state = _run(tmp_path / "none", "trainer.rl.steps=1", "trainer.rl.tasks_per_step=2")
     engine = ScriptedEngine(run.sys.chat, policy_factory=wrong_policy)

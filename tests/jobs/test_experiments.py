@@ -370,6 +370,10 @@ def test_equal_budget_gives_sft_baselines_the_rl_episodes():
         "trainer.sft.steps=1460",
         "trainer.rl.steps=0",
     ]
+    # dynamic sampling: RL samples up to dynamic_max_rounds rounds a step; the baseline gets
+    # the most (15 x 8 x 4 x 3 = 1440)
+    cfg["trainer"]["rl"] |= {"dynamic_sampling": True, "dynamic_max_rounds": 3}
+    assert run_experiment.equal_budget(cfg)[0] == "trainer.sft.examples=7840"
     # the research preset's own numbers, composed as the script composes them
     assert run_experiment.equal_budget(run_experiment.preset("research", []))[0] == (
         "trainer.sft.examples=6880"
@@ -404,7 +408,7 @@ def test_baseline_table_pairs_rl_with_each_baseline(tmp_path):
         res(clean, 3, 0.96, 0.9, 1.0),
         res(clean, 4, 0.90, 0.7, 0.9),
     ]
-    text = run_experiment.write("research", results, tmp_path, baselines=True)
+    text = run_experiment.write("research", results, tmp_path)
     # RL - clean: +2 and +4 points: mean 3, sd 1.414, t(1) = 12.706 -> half-width 12.7
     assert (
         "| SFT on a clean annotator (`env.oracle.premature_prob=0`) | 0.96 (seed 3) / 0.90 "
@@ -417,6 +421,23 @@ def test_baseline_table_pairs_rl_with_each_baseline(tmp_path):
         "**+3.0 points** (-9.7 to +15.7; 2 seeds, paired)."
     ) in text
     assert "| base | 3 | 0.980 | 0.900 | 1.000 |" in text
+    assert "### RL against non-RL baselines" in text and "RL (the preset) |" in text
+    # RFT from an RL recipe: the recipe plus the override is its baseline, the preset's is not
+    recipe = "optimizer.lr=1e-4"
+    results += [
+        res(recipe, 3, 0.99, 0.9, 1.0, no_rl=False),
+        res(recipe, 4, 0.97, 0.9, 1.0, no_rl=False),
+        res(f"{recipe} {rft}", 3, 0.90, 0.8, 1.0, no_rl=False),
+        res(f"{recipe} {rft}", 4, 0.80, 0.7, 0.9, no_rl=False),
+    ]
+    text = run_experiment.write("research", results, tmp_path)
+    assert "### RL of `optimizer.lr=1e-4` against non-RL baselines" in text
+    own = text[text.index("### RL of `optimizer.lr=1e-4`") :]
+    assert (
+        "| rejection-sampling fine-tuning from RL's starting policy (`trainer.rl.stage=rft`) | "
+        "0.90 (seed 3) / 0.80 (seed 4) | 0.850 (0.215-1.485) | +13.0 (-37.8 to +63.8; 2 seeds) |"
+    ) in own  # +9 and +17 points
+    assert "SFT on a clean annotator" not in own.split("\n\n**RL minus")[0]
     assert "| base | mean (95% t) | 0.960 (0.706-1.214) | 0.850 (0.215-1.485) |" in text
     assert f"### {clean}\n\n| seed | SFT | final (no stage after SFT) | change | wall |" in text
 
