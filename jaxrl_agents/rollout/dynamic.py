@@ -64,32 +64,31 @@ class StepSource:
         await self.collector.score(roll.trajectories)  # REWARD
         return roll
 
+    async def _first(self, engine: Any, s: int, *, version: int) -> Rollout:
+        """Step ``s``'s own round: its slice of the task stream."""
+        seed = self.keys.seed("rollout", s)
+        return await self._round(engine, self.tasks(s), seed=seed, version=version)
+
+    async def _refill(self, engine: Any, s: int, k: int, *, version: int) -> Rollout:
+        """Step ``s``'s refill round ``k`` (1 ..): fresh tasks from a separate, per-step stream."""
+        r = s * self.max_rounds + k
+        extra = self.new_tasks(self.tasks_per_step, seed=self.keys.seed("refill", r))
+        seed = self.keys.seed("rollout_refill", r)
+        return await self._round(engine, extra, seed=seed, version=version)
+
     async def budget(self, engine: Any, s: int, *, version: int) -> list[Rollout]:
         """Every round step ``s`` may sample, each scored and unfiltered: its own round and,
-        with dynamic sampling, all ``max_rounds - 1`` refill rounds on the refill streams
-        :meth:`step` draws from (the most episodes an RL step can sample, on the same tasks and
-        seeds). What a baseline at RL's episode budget samples (``jobs.baselines``)."""
-        rolls = [
-            await self._round(
-                engine, self.tasks(s), seed=self.keys.seed("rollout", s), version=version
-            )
-        ]
-        for k in range(1, self.max_rounds if self.dynamic else 1):
-            r = s * self.max_rounds + k
-            extra = self.new_tasks(self.tasks_per_step, seed=self.keys.seed("refill", r))
-            rolls.append(
-                await self._round(
-                    engine, extra, seed=self.keys.seed("rollout_refill", r), version=version
-                )
-            )
-        return rolls
+        with dynamic sampling, all ``max_rounds - 1`` refill rounds :meth:`step` draws from
+        (the most episodes an RL step can sample, on the same tasks and seeds). What a baseline
+        at RL's episode budget samples (``jobs.baselines``)."""
+        n = self.max_rounds if self.dynamic else 1
+        first = await self._first(engine, s, version=version)
+        return [first, *[await self._refill(engine, s, k, version=version) for k in range(1, n)]]
 
     async def step(self, engine: Any, s: int, *, version: int) -> tuple[Rollout, dict[str, float]]:
         """Step ``s``'s scored episodes (this process's share), sampled at policy ``version``,
         and the dynamic-sampling counts (empty without it)."""
-        roll = await self._round(
-            engine, self.tasks(s), seed=self.keys.seed("rollout", s), version=version
-        )
+        roll = await self._first(engine, s, version=version)
         if not self.dynamic:
             return roll, {}
         share = D.even_share(self.tasks_per_step, "trainer.rl.tasks_per_step")
@@ -100,11 +99,7 @@ class StepSource:
         sampler.add(roll.trajectories)
         seconds, refills = roll.seconds, 0
         while not sampler.ready:
-            r = s * self.max_rounds + sampler.rounds  # a separate, per-step stream of tasks
-            extra = self.new_tasks(self.tasks_per_step, seed=self.keys.seed("refill", r))
-            more = await self._round(
-                engine, extra, seed=self.keys.seed("rollout_refill", r), version=version
-            )
+            more = await self._refill(engine, s, sampler.rounds, version=version)
             sampler.add(more.trajectories)
             seconds, refills = seconds + more.seconds, refills + 1
         trajs, stats = sampler.take()
