@@ -25,6 +25,7 @@ import dataclasses
 import sys
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -76,12 +77,15 @@ async def rft(run: Run, engine: Any, state: TrainState) -> TrainState:
     rows_per_step = tr.rl.tasks_per_step * group
     share = D.even_share(rows_per_step, "trainer.rl.tasks_per_step x rollout.group_size")
     rng = np.random.default_rng(run.keys.seed("rft_order"))
+    last = None  # the step before the one in flight
     for s in run.bar(0, tr.rl.steps, "RFT"):
         rows = [kept[i] for i in rng.integers(0, len(kept), rows_per_step)]
         batch = collector.sft_batch(
             rows, share, pack=tr.batching.pack_rows, row_multiple=tr.batching.microbatches
         )
         state, m = step_fn(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
+        jax.block_until_ready(last)  # one step in flight: the bar counts finished steps
+        last = m
         if every(10, s + 1) or s + 1 == tr.rl.steps:
             run.logger.log(s + 1, D.host_value(m), stage="rft")
     if len(kept) < rows_per_step:

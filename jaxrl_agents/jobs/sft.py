@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -85,6 +86,7 @@ async def sft_stage(
     share = D.even_share(tr.sft.batch_size, "trainer.sft.batch_size")
     copy_share = D.even_share(tr.sft.copy_batch, "trainer.sft.copy_batch") if copies else share
     bar = run.bar(start, tr.sft.steps, "SFT")
+    last = None  # the step before the one in flight
     for s in bar:
         if s < copies:  # drawn from the step's own stream: a resumed run draws the same rows
             rng = np.random.default_rng(run.keys.seed("sft_copy", s))
@@ -99,6 +101,8 @@ async def sft_stage(
             row_multiple=tr.batching.microbatches,
         )
         state, m = step_fn(state, batch, LossInputs(denom=jnp.sum(batch.loss_mask)))
+        jax.block_until_ready(last)  # one step in flight: the bar counts finished steps
+        last = m
         if every(10, s + 1) or s + 1 == tr.sft.steps:
             m = D.host_value(m)
             key = "copy_nll" if s < copies else "nll"  # the copy rows' loss is its own curve
