@@ -447,11 +447,12 @@ def slice_table(rs: list[dict]) -> list[str]:
     return ["", "Held-out success by slice (95% Wilson interval, episodes):", "", *lines, ""]
 
 
-def baseline_groups(by_variant: dict[str, list[dict]]) -> dict[str, list[str]]:
+def baseline_groups(by_variant: dict[str, list[dict]]) -> dict[str, list[tuple[str, str]]]:
     """Each RL variant's non-RL baselines among the variants: a variant that is another one plus
     a ``BASELINES`` override (RFT from a recipe: ``--variants R "R trainer.rl.stage=rft"``), or
-    the override alone, a baseline of the preset as it is (``base``: ``--baselines``)."""
-    groups: dict[str, list[str]] = {}
+    the override alone, a baseline of the preset as it is (``base``: ``--baselines``); each as
+    ``(variant, override)``."""
+    groups: dict[str, list[tuple[str, str]]] = {}
     for variant in by_variant:
         for override, _ in BASELINES.values():
             if variant == override:
@@ -461,12 +462,12 @@ def baseline_groups(by_variant: dict[str, list[dict]]) -> dict[str, list[str]]:
             else:
                 continue
             if rl in by_variant:
-                groups.setdefault(rl, []).append(variant)
+                groups.setdefault(rl, []).append((variant, override))
     return groups
 
 
 def baseline_table(
-    by_variant: dict[str, list[dict]], rl_variant: str, bases: list[str]
+    by_variant: dict[str, list[dict]], rl_variant: str, bases: list[tuple[str, str]]
 ) -> list[str]:
     """RL (``rl_variant``) against its non-RL baselines (``bases``, :func:`baseline_groups`): each
     method's final held-out success per seed and its mean (95% t-interval), RL minus each
@@ -479,21 +480,19 @@ def baseline_table(
              "| RL minus it, paired by seed (points, 95% t-interval) |",
              "|---|---|---|---|"]  # fmt: skip
     best, labels = None, {o: what for o, what in BASELINES.values()}
-    for variant in [rl_variant, *bases]:
+    for variant, override in [(rl_variant, ""), *bases]:
         rs = by_variant[variant]
-        key = "" if variant == rl_variant else variant
-        override = variant if rl_variant == "base" else variant[len(rl_variant) + 1 :]
-        label = labels[override] if key else "RL" + (" (the preset)" if title == "" else "")
+        label = labels[override] if override else "RL" + (" (the preset)" if not title else "")
         per = " / ".join(f"{r['rl']:.2f} (seed {r['seed']})" for r in rs)
         m, lo, hi = interval([r["rl"] for r in rs])
         diffs = [100 * (rl[r["seed"]] - r["rl"]) for r in rs if r["seed"] in rl]
         paired = ""
-        if key and diffs:
+        if override and diffs:
             d, dlo, dhi = interval(diffs)
             paired = f"{d:+.1f} ({span(dlo, dhi, '+.1f', ' to ')}; {len(diffs)} seeds)"
             if best is None or m > best[1]:
                 best = (label, m, d, dlo, dhi, len(diffs))
-        name = f"{label} (`{override}`)" if key else label
+        name = f"{label} (`{override}`)" if override else label
         lines.append(f"| {name} | {per} | {m:.3f} ({span(lo, hi)}) | {paired} |")
     if best:
         label, _, d, dlo, dhi, n = best
