@@ -38,6 +38,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -120,7 +121,22 @@ def run_command(cmd: list[str], log: Path) -> None:
     print(f"  {' '.join(cmd[3:])}: rc {p.returncode} in {time.time() - t:.0f} s (log {log})")
     if p.returncode:
         tail = log.read_text().splitlines()[-5:]
-        raise SystemExit(f"failed: {' '.join(cmd)}\n" + "\n".join(tail))
+        raise SystemExit(f"failed: {' '.join(cmd)}\n" + "\n".join([*tail, *killed(p.returncode)]))
+
+
+def killed(rc: int) -> list[str]:
+    """What a negative return code (the job killed by a signal) says, and what to do."""
+    if rc >= 0:
+        return []
+    name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
+    why = [f"killed by {name}"]
+    if -rc == signal.SIGKILL:  # what the kernel's out-of-memory killer sends
+        why.append(
+            "  SIGKILL with no one stopping it is usually the out-of-memory killer (dmesg says "
+            "which process): rerun with fewer --jobs; the run resumes from its last checkpoint "
+            "(trainer.checkpoint.every)"
+        )
+    return why
 
 
 def use_compile_cache(folder: str | None) -> str | None:

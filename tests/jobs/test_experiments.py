@@ -461,3 +461,20 @@ def test_an_evaluation_past_its_episode_deadline_is_named(tmp_path, capsys):
     assert run_experiment.episode_deadline({"rollout": {"episode_timeout_s": 1200.0}}) == [
         "rollout.episode_timeout_s=1200.0"
     ]
+
+
+def test_a_run_killed_by_a_signal_says_which_and_what_to_do(tmp_path):
+    """A job the kernel's out-of-memory killer stops exits with -9 and often no message of its
+    own: the script's failure names the signal and the likely cause, not only the log's tail."""
+    cmd = [sys.executable, "-c", "import os, signal; print('step 3'); os.kill(os.getpid(), 9)"]
+    with pytest.raises(SystemExit) as e:
+        run_experiment.run_command(cmd, tmp_path / "train_console.log")
+    text = str(e.value)
+    assert "step 3" in text and "killed by SIGKILL" in text and "out-of-memory killer" in text
+    term = [sys.executable, "-c", "import os; os.kill(os.getpid(), 15)"]
+    with pytest.raises(SystemExit) as e:
+        run_experiment.run_command(term, tmp_path / "term.log")
+    assert "killed by SIGTERM" in str(e.value) and "out-of-memory" not in str(e.value)
+    with pytest.raises(SystemExit) as e:  # an ordinary failure: the log's tail only
+        run_experiment.run_command([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "x")
+    assert "killed" not in str(e.value)
