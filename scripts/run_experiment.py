@@ -116,12 +116,17 @@ def run_command(cmd: list[str], log: Path) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     t = time.time()
     with open(log, "w") as f:
-        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ,
-                           "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    print(f"  {' '.join(cmd[3:])}: rc {p.returncode} in {time.time() - t:.0f} s (log {log})")
-    if p.returncode:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ,
+                             "PYTHONUNBUFFERED": "1"})  # fmt: skip
+        # wait4: this child's own resource use (its peak RSS), not the sum over all children
+        _, status, usage = os.wait4(p.pid, 0)
+    rc = os.waitstatus_to_exitcode(status)
+    peak = usage.ru_maxrss * 1024 / 2**30  # Linux reports KiB
+    print(f"  {' '.join(cmd[3:])}: rc {rc} in {time.time() - t:.0f} s, peak RSS {peak:.1f} GiB "
+          f"(log {log})")  # fmt: skip
+    if rc:
         tail = log.read_text().splitlines()[-5:]
-        raise SystemExit(f"failed: {' '.join(cmd)}\n" + "\n".join([*tail, *killed(p.returncode)]))
+        raise SystemExit(f"failed: {' '.join(cmd)}\n" + "\n".join([*tail, *killed(rc)]))
 
 
 def killed(rc: int) -> list[str]:
@@ -252,13 +257,16 @@ def train_and_eval(
 
 
 def run_limits(cfg: dict) -> list[str]:
-    """The run's own episode limits (turns, tokens, deadline, cache length) as jaxrl-eval
-    overrides, so an evaluation plays the episodes the run trained on."""
+    """The run's own episode limits (turns, tokens, deadline) and sampler size (cache length,
+    slots) as jaxrl-eval overrides, so an evaluation plays the episodes the run trained on in
+    the memory the run already showed it has (jaxrl-eval's default 64 slots double a 32-slot
+    run's KV cache: ~3.4 GB for SmolLM2 at 1152 tokens)."""
     ro = cfg["rollout"]
     return [f"rollout.max_turns={ro['max_turns']}",
             f"rollout.max_new_tokens={ro['max_new_tokens']}",
             f"rollout.max_total_tokens={ro['max_total_tokens']}", *episode_deadline(cfg),
-            f"sampler.max_seq_len={cfg['sampler']['max_seq_len']}"]  # fmt: skip
+            f"sampler.max_seq_len={cfg['sampler']['max_seq_len']}",
+            f"sampler.max_slots={cfg['sampler']['max_slots']}"]  # fmt: skip
 
 
 def episode_deadline(cfg: dict) -> list[str]:

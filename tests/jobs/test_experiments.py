@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import pathlib
+import re
 import sys
 
 import pytest
@@ -295,7 +296,7 @@ def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
                 "max_total_tokens": 1280,
                 "group_size": 4,
             },
-            "sampler": {"max_seq_len": 1280},
+            "sampler": {"max_seq_len": 1280, "max_slots": 32},
         }
         (run_dir / "config.json").write_text(json.dumps(cfg))
         (run_dir / "metrics.jsonl").write_text("")
@@ -478,3 +479,15 @@ def test_a_run_killed_by_a_signal_says_which_and_what_to_do(tmp_path):
     with pytest.raises(SystemExit) as e:  # an ordinary failure: the log's tail only
         run_experiment.run_command([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "x")
     assert "killed" not in str(e.value)
+
+
+def test_each_job_reports_its_own_peak_memory(tmp_path, capsys):
+    """The line a finished job prints names its own peak RSS (what --jobs must fit in memory),
+    measured for that child alone: a 900 MiB job after a 50 MiB one reports each its own (the
+    floor is the parent's RSS when it forks, here pytest's; the script's own is small)."""
+    for mib in (900, 50):
+        code = f"b = bytearray({mib} << 20); b[::4096] = b'x' * len(b[::4096])"
+        run_experiment.run_command([sys.executable, "-c", code], tmp_path / f"{mib}.log")
+    big, small = (float(re.search(r"peak RSS ([\d.]+) GiB", line).group(1))
+                  for line in capsys.readouterr().out.splitlines())  # fmt: skip
+    assert 0.85 <= big <= 1.1 and small <= big - 0.5
