@@ -118,7 +118,8 @@ def run_command(cmd: list[str], log: Path) -> None:
     with open(log, "w") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ,
                              "PYTHONUNBUFFERED": "1"})  # fmt: skip
-        # wait4: this child's own resource use (its peak RSS), not the sum over all children
+        # wait4: this child's own peak RSS, not the largest over all children (its floor is
+        # this script's own peak: a child runs in its parent's memory until it execs)
         _, status, usage = os.wait4(p.pid, 0)
     rc = os.waitstatus_to_exitcode(status)
     peak = usage.ru_maxrss * 1024 / 2**30  # Linux reports KiB
