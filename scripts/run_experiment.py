@@ -121,7 +121,7 @@ def run_command(cmd: list[str], log: Path) -> None:
         # wait4: this child's own peak RSS, not the largest over all children (its floor is
         # this script's own peak: a child runs in its parent's memory until it execs)
         _, status, usage = os.wait4(p.pid, 0)
-    rc = os.waitstatus_to_exitcode(status)
+    rc = p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: tell the Popen
     peak = usage.ru_maxrss * 1024 / 2**30  # Linux reports KiB
     print(f"  {' '.join(cmd[3:])}: rc {rc} in {time.time() - t:.0f} s, peak RSS {peak:.1f} GiB "
           f"(log {log})")  # fmt: skip
