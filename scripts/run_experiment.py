@@ -22,7 +22,8 @@ one line per variant).
 ``--baselines`` runs RL against the non-RL baselines at an equal episode budget (``BASELINES``)
 and adds RL minus the best of them, paired by seed; a variant that is another variant plus a
 baseline's override is that variant's baseline, paired the same way (RFT from an RL recipe:
-``--variants R "R trainer.rl.stage=rft"``, at the recipe's budget); ``--pass-k K`` adds a
+``--variants R "R trainer.rl.stage=rft"``, at the recipe's budget; an SFT baseline so given
+trains its own SFT under ``--share-sft``, on the SFT stage's budget); ``--pass-k K`` adds a
 sampled evaluation of every final policy (K samples a task at the run's temperature: pass@1 and
 pass@K); ``--set`` applies overrides to every run (e.g. a task pool never looked at);
 ``--jobs N`` runs N (variant, seed) runs at once (a run that starts from another's SFT result
@@ -64,6 +65,10 @@ BASELINES = {
         "SFT on the annotator's data filtered by the env's verdict",
     ),
     "clean": ("env.oracle.premature_prob=0", "SFT on a clean annotator"),
+    "mix": (
+        "env.oracle.premature_prob=0 env.sft_like_rl=true trainer.rl.steps=0",
+        "SFT on a clean annotator of RL's task mix and env",
+    ),
 }
 """``--baselines``: ``{name: (override, what it is)}`` of the non-RL baselines run beside the
 preset (SFT, then RL). RFT starts from the RL
@@ -500,7 +505,7 @@ def baseline_table(
     chosen after the fact, which favours it)."""
     rl = {r["seed"]: r["rl"] for r in by_variant[rl_variant]}
     title = "" if rl_variant == "base" else f" of `{rl_variant}`"
-    lines = [f"### RL{title} against non-RL baselines (equal episode budget)", "",
+    lines = [f"### RL{title} against non-RL baselines", "",
              "| method | final held-out success per seed | mean (95% t-interval) "
              "| RL minus it, paired by seed (points, 95% t-interval) |",
              "|---|---|---|---|"]  # fmt: skip
@@ -519,6 +524,10 @@ def baseline_table(
                 best = (label, m, d, dlo, dhi, len(diffs))
         name = f"{label} (`{override}`)" if override else label
         lines.append(f"| {name} | {per} | {m:.3f} ({span(lo, hi)}) | {paired} |")
+    lines += ["", "Budgets: RFT samples the RL stage's episode budget; an SFT baseline run by "
+              "`--baselines` trains on the RL run's SFT episodes plus its RL episodes, one given "
+              "as a variant (a recipe plus the override) on the SFT stage's own "
+              "(`trainer.sft.examples`)."]  # fmt: skip
     if best:
         label, _, d, dlo, dhi, n = best
         lines += [
@@ -744,8 +753,9 @@ def main() -> None:
         nargs="*",
         choices=list(BASELINES),
         default=None,
-        help="the preset's RL and the non-RL baselines (BASELINES; all, or those named, run in "
-        "that order after the preset) at an equal episode budget, in place of --variants",
+        help="the preset's RL and the non-RL baselines (BASELINES; rft, verified and clean, or "
+        "those named, run in that order after the preset) at an equal episode budget, in place "
+        "of --variants",
     )
     ap.add_argument("--set", nargs="+", default=[], metavar="OVERRIDE",
                     help="overrides for every run, not part of a variant's folder name (e.g. a "
@@ -783,10 +793,14 @@ def main() -> None:
     cache = args.compile_cache if args.compile_cache is not None else Path(args.out) / ".jax_cache"
     if where := use_compile_cache(str(cache) if cache else None):
         print(f"compilation cache: {where}")
-    variants, shares, extras = args.variants, [args.share_sft and i > 0 for i in
-                                               range(len(args.variants))], {}  # fmt: skip
+    # an SFT baseline given as a variant (``R <override>``) trains its own SFT
+    own_sft = tuple(" " + BASELINES[n][0] for n in ("verified", "clean", "mix"))
+    variants, extras = args.variants, {}
+    shares = [args.share_sft and i > 0 and not (" " + v).endswith(own_sft)
+              for i, v in enumerate(variants)]  # fmt: skip
     if args.baselines is not None:
-        variants = ["", *(BASELINES[n][0] for n in args.baselines or BASELINES)]
+        names = args.baselines or ["rft", "verified", "clean"]  # mix: a preset whose SFT differs
+        variants = ["", *(BASELINES[n][0] for n in names)]
         shares = [v == BASELINES["rft"][0] for v in variants]  # RFT starts from RL's SFT
         budget = equal_budget(preset(args.experiment, [*(QUICK if args.quick else []), *args.set]))
         extras = {v: budget for v, shared in zip(variants, shares, strict=True) if v and not shared}

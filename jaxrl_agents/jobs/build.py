@@ -123,14 +123,8 @@ def resolve_env(spec: EnvSpec, *, extra_task_kwargs: dict[str, Any] | None = Non
                 f"{key}.{bad[0]}: {cls.__name__}.make_tasks has no such argument; "
                 f"valid: {', '.join(valid) or '(none)'}"
             )
-    return EnvBinding(
-        cls,
-        kwargs,
-        task_kwargs,
-        dict(spec.sft_options),
-        dict(spec.sft_tasks),
-        dict(spec.rl_options),
-    )
+    golden = (spec.rl_options, {}) if spec.sft_like_rl else (spec.sft_options, spec.sft_tasks)
+    return EnvBinding(cls, kwargs, task_kwargs, *map(dict, golden), dict(spec.rl_options))
 
 
 # -- model pieces ---------------------------------------------------------------------------------

@@ -162,6 +162,10 @@ class EnvSpec(EnvConfig):
     """``options`` of the env the RL (and RFT) training episodes run in, over ``options``;
     held-out and validation episodes keep ``options`` (e.g. the calculator's ``fault_rate:
     0.6``: training meets tool faults more often than the evaluation does)."""
+    sft_like_rl: bool = False
+    """SFT golden data from the RL episodes' task mix and env (``tasks``; ``options`` with
+    ``rl_options``) instead of ``sft_tasks`` / ``sft_options``: an annotator that demonstrates
+    what RL trains on (the ``mix`` baseline of ``scripts/run_experiment.py``)."""
 
     def env_kwargs(self) -> dict[str, Any]:
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(EnvConfig)}

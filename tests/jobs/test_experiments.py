@@ -271,11 +271,9 @@ def test_area_under_a_curve_is_cut_at_equal_env_steps():
     assert abs(run_experiment.area([(0.0, 0.2), (4.0, 0.6)], 2.0) - 0.3) < 1e-12  # (0.2+0.4)/2
 
 
-def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
-    """``--sft-seed S``: the first (variant, seed) trains SFT with seed=S; every other run starts
-    RL from that folder's SFT result with its own ``trainer.rl.seed``, and is evaluated on the
-    run's (seed S's) held-out tasks. The commands are recorded by a fake runner that writes what
-    a finished run leaves."""
+def fake_runs(monkeypatch) -> list[tuple[str, dict[str, str]]]:
+    """The script's jobs replaced by a fake runner that records each command (module, overrides)
+    and writes what a finished run leaves."""
     cmds = []
 
     def fake(cmd, log):
@@ -308,6 +306,15 @@ def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
     monkeypatch.setattr(
         run_experiment, "train_and_eval", lambda *a, **k: real(*a, runner=fake, **k)
     )
+    return cmds
+
+
+def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
+    """``--sft-seed S``: the first (variant, seed) trains SFT with seed=S; every other run starts
+    RL from that folder's SFT result with its own ``trainer.rl.seed``, and is evaluated on the
+    run's (seed S's) held-out tasks. The commands are recorded by a fake runner that writes what
+    a finished run leaves."""
+    cmds = fake_runs(monkeypatch)
     argv = [
         "run_experiment.py",
         "research",
@@ -337,6 +344,23 @@ def test_sft_seed_runs_every_rl_seed_from_one_sft(tmp_path, monkeypatch):
     assert {a["seed"] for a in evals} == {"2"}  # the run's held-out tasks, not the RL seed's
     text = (tmp_path / "research" / "results.md").read_text()
     assert "Seeds are RL seeds (`trainer.rl.seed`)" in text and "of seed 2" in text
+
+
+def test_an_sft_baseline_variant_trains_its_own_sft(tmp_path, monkeypatch):
+    """``--share-sft``: RL variants and RFT start from the first variant's SFT result; a recipe
+    plus an SFT baseline's override (``R <mix>``) trains its own SFT on its own data."""
+    cmds = fake_runs(monkeypatch)
+    recipe, mix = "optimizer.lr=2e-4", run_experiment.BASELINES["mix"][0]
+    rft = run_experiment.BASELINES["rft"][0]
+    argv = ["run_experiment.py", "research", "--out", str(tmp_path), "--seeds", "0",
+            "--share-sft", "--variants", "trainer.rl.steps=0", recipe, f"{recipe} {rft}",
+            f"{recipe} {mix}"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    run_experiment.main()
+    first = str(tmp_path / "research" / "trainer.rl.steps-0" / "seed0")
+    trains = [a for m, a in cmds if m.endswith("train")]
+    assert [a.get("trainer.sft.init_from") for a in trains] == [None, first, first, None]
+    assert trains[3]["env.sft_like_rl"] == "true" and trains[3]["trainer.rl.steps"] == "0"
 
 
 def test_compile_cache_reaches_the_jobs(tmp_path, monkeypatch):
@@ -442,6 +466,18 @@ def test_baseline_table_pairs_rl_with_each_baseline(tmp_path):
     assert "SFT on a clean annotator" not in own.split("\n\n**RL minus")[0]
     assert "| base | mean (95% t) | 0.960 (0.706-1.214) | 0.850 (0.215-1.485) |" in text
     assert f"### {clean}\n\n| seed | SFT | final (no stage after SFT) | change | wall |" in text
+    # an SFT baseline of RL's mix given as a variant: the recipe's too, and now its best
+    mix = run_experiment.BASELINES["mix"][0]
+    results += [
+        res(f"{recipe} {mix}", 3, 0.95, 0.9, 1.0),
+        res(f"{recipe} {mix}", 4, 0.91, 0.9, 1.0),
+    ]
+    own = run_experiment.write("research", results, tmp_path).split("### RL of `optimizer")[1]
+    assert (
+        f"| SFT on a clean annotator of RL's task mix and env (`{mix}`) | 0.95 (seed 3) / 0.91 "
+        "(seed 4) | 0.930 (0.676-1.184) | +5.0 (-7.7 to +17.7; 2 seeds) |"
+    ) in own  # +4 and +6 points
+    assert "(SFT on a clean annotator of RL's task mix and env, the highest mean): **+5.0" in own
 
 
 def test_preset_variants_build_on_the_preset_they_name():

@@ -50,3 +50,26 @@ def test_golden_env_and_tasks_override_the_rl_ones():
 def test_bad_golden_settings_stop_in_one_line(spec, match):
     with pytest.raises(ConfigError, match=match):
         resolve_env(spec)
+
+
+def test_sft_like_rl_demonstrates_the_rl_mix():
+    """``env.sft_like_rl``: the annotator's episodes come from RL's task mix and env (faults at
+    ``rl_options``' rate, two-step problems), and the oracle chains and retries through them."""
+    spec = EnvSpec(
+        options={"fault_rate": 0.3},
+        tasks={"two_step_frac": 0.5},
+        sft_options={"fault_rate": 0.0},
+        sft_tasks={"two_step_frac": 0.0},
+        rl_options={"fault_rate": 1.0},
+        sft_like_rl=True,
+    )
+    env = resolve_env(spec)
+    golden = env.golden_tasks("train", 40, seed=0)
+    assert [t.data["steps"] for t in golden] == [
+        t.data["steps"] for t in env.tasks("train", 40, seed=0)
+    ]
+    assert {len(t.data["steps"]) for t in golden} == {1, 2}
+    assert env.golden_factory().fault_rate == 1.0 and env.factory().fault_rate == 0.3
+    for task in golden:
+        verdict, _, _ = asyncio.run(drive(env.golden_factory(), task, oracle_policy(task)))
+        assert verdict.success and verdict.info["faults"] == 1  # a retry after the fault
