@@ -477,22 +477,25 @@ def slice_table(rs: list[dict]) -> list[str]:
     return ["", "Held-out success by slice (95% Wilson interval, episodes):", "", *lines, ""]
 
 
+def split_baseline(variant: str) -> tuple[str, str] | None:
+    """``(RL variant, override)`` when ``variant`` is a non-RL baseline: another variant plus a
+    ``BASELINES`` override (RFT from a recipe: ``--variants R "R trainer.rl.stage=rft"``), or the
+    override alone, a baseline of the preset as it is (``base``: ``--baselines``); else None."""
+    for override, _ in BASELINES.values():
+        if variant == override:
+            return "base", override
+        if variant.endswith(" " + override):
+            return variant[: -len(override) - 1], override
+    return None
+
+
 def baseline_groups(by_variant: dict[str, list[dict]]) -> dict[str, list[tuple[str, str]]]:
-    """Each RL variant's non-RL baselines among the variants: a variant that is another one plus
-    a ``BASELINES`` override (RFT from a recipe: ``--variants R "R trainer.rl.stage=rft"``), or
-    the override alone, a baseline of the preset as it is (``base``: ``--baselines``); each as
+    """Each RL variant's non-RL baselines among the variants (:func:`split_baseline`), each as
     ``(variant, override)``."""
     groups: dict[str, list[tuple[str, str]]] = {}
     for variant in by_variant:
-        for override, _ in BASELINES.values():
-            if variant == override:
-                rl = "base"
-            elif variant.endswith(" " + override):
-                rl = variant[: -len(override) - 1]
-            else:
-                continue
-            if rl in by_variant:
-                groups.setdefault(rl, []).append((variant, override))
+        if (split := split_baseline(variant)) and split[0] in by_variant:
+            groups.setdefault(split[0], []).append((variant, split[1]))
     return groups
 
 
@@ -793,15 +796,15 @@ def main() -> None:
     cache = args.compile_cache if args.compile_cache is not None else Path(args.out) / ".jax_cache"
     if where := use_compile_cache(str(cache) if cache else None):
         print(f"compilation cache: {where}")
-    # an SFT baseline given as a variant (``R <override>``) trains its own SFT
-    own_sft = tuple(" " + BASELINES[n][0] for n in ("verified", "clean", "mix"))
+    # an SFT baseline given as a variant (``R <override>``) trains its own SFT; RFT shares
+    rft = BASELINES["rft"][0]
     variants, extras = args.variants, {}
-    shares = [args.share_sft and i > 0 and not (" " + v).endswith(own_sft)
-              for i, v in enumerate(variants)]  # fmt: skip
+    own_sft = {v for v in variants if (b := split_baseline(v)) and b[1] != rft}
+    shares = [args.share_sft and i > 0 and v not in own_sft for i, v in enumerate(variants)]
     if args.baselines is not None:
         names = args.baselines or ["rft", "verified", "clean"]  # mix: a preset whose SFT differs
         variants = ["", *(BASELINES[n][0] for n in names)]
-        shares = [v == BASELINES["rft"][0] for v in variants]  # RFT starts from RL's SFT
+        shares = [v == rft for v in variants]  # RFT starts from RL's SFT
         budget = equal_budget(preset(args.experiment, [*(QUICK if args.quick else []), *args.set]))
         extras = {v: budget for v, shared in zip(variants, shares, strict=True) if v and not shared}
     units = []  # (variant, seed, source run folder or None), sources before their users
