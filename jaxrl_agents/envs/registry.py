@@ -31,7 +31,8 @@ from typing import Any
 
 from jaxrl_agents.envs.base import Env
 
-PolicyFactory = Callable[..., Callable[[list[dict[str, Any]]], dict[str, Any]]]
+Policy = Callable[[list[dict[str, Any]]], dict[str, Any]]
+PolicyFactory = Callable[..., Policy]
 
 CONVENTION = {"oracle": "oracle_policy", "wrong": "wrong_policy"}
 """Scripted policy names and the attribute / module function an unregistered env may define."""
@@ -57,6 +58,49 @@ def register_scripted(env_cls: type[Env], name: str, fn: PolicyFactory | None = 
         return f
 
     return register if fn is None else register(fn)
+
+
+def retry_failed_calls(policy: Policy, max_retries: int = 2) -> Policy:
+    """``policy`` (a scripted policy that reads its history by position: its turns, its tool
+    results) with every tool call whose result is an error (``Error: ...``: a timeout, a
+    crashed tool) issued again on its own, up to ``max_retries`` times, as an annotator would.
+    The wrapped policy sees the history as if each call had succeeded the first time: the retry
+    turns are left out and their results stand in the failed calls' places. A call still
+    failing after its retries reaches the policy as the error it is."""
+    if max_retries < 0:
+        raise ValueError(f"max_retries={max_retries}: expected >= 0")
+
+    def wrapped(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        view: list[dict[str, Any]] = []
+        failed: list[tuple[int, dict[str, Any], int]] = []  # (view index, call, tries so far)
+        calls: list[tuple[dict[str, Any], int]] = []  # the open turn's calls, awaiting results
+        retrying = False
+        for m in messages:
+            if m["role"] == "assistant" and m.get("tool_calls") and failed:
+                calls, retrying = [(c, tries) for _, c, tries in failed], True
+                slots, failed = [i for i, _, _ in failed], []
+                continue
+            if m["role"] == "assistant":
+                calls = [(c, 0) for c in m.get("tool_calls") or ()]
+                retrying = False
+            elif m["role"] == "tool" and calls:
+                call, tries = calls.pop(0)
+                if retrying:
+                    i = slots.pop(0)
+                    view[i] = {**m, "tool_call_id": view[i].get("tool_call_id")}
+                else:
+                    i = len(view)
+                    view.append(m)
+                if str(m.get("content", "")).startswith("Error") and tries < max_retries:
+                    failed.append((i, call, tries + 1))
+                continue
+            view.append(m)
+        if failed and not calls:
+            again = [{**c, "id": f"retry_{c.get('id', k)}"} for k, (_, c, _) in enumerate(failed)]
+            return {"role": "assistant", "content": "", "tool_calls": again}
+        return policy(view)
+
+    return wrapped
 
 
 def scripted_policies(env_cls: type) -> dict[str, PolicyFactory]:

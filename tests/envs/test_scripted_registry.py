@@ -121,3 +121,75 @@ def test_unregistered_env_finds_the_oracle_policy_convention(monkeypatch):
     }
     registered = register_scripted(ByAttribute, "oracle", _answer("registered"))
     assert oracle_for(ByAttribute) is registered and oracle_for(ByModule) is module.oracle_policy
+
+
+def _flaky(env, fails: int):
+    """``env``'s tools time out on the first ``fails`` calls of each tool name."""
+    from jaxrl_agents.types import ToolErrorKind, ToolResult
+
+    real, seen = env.tools.execute, {}
+
+    async def execute(call, **kw):
+        seen[call.name] = seen.get(call.name, 0) + 1
+        if seen[call.name] <= fails:
+            msg = f"Error: {call.name} timed out after 10 s"
+            return ToolResult(call, msg, ToolErrorKind.TIMEOUT, 10.0)
+        return await real(call, **kw)
+
+    env.tools.execute = execute
+    return env
+
+
+@pytest.mark.parametrize("name", ["sql", "research", "travel"])
+def test_oracles_retry_a_timed_out_call_and_still_solve(name):
+    # A tool can pass its timeout on a loaded machine; the annotator issues the call again.
+    env_cls = ENVIRONMENTS[name]
+    for task in env_cls.make_tasks("heldout", 4):
+        env = _flaky(env_cls(), fails=1)
+        policy = scripted_policy(env_cls, "oracle")(task)
+        verdict, messages, _ = asyncio.run(drive(env, task, policy, max_turns=20))
+        assert verdict.success, (name, messages)
+        errors = [m for m in messages if m["role"] == "tool" and m["content"].startswith("Error")]
+        retries = [c for m in messages for c in m.get("tool_calls") or ()
+                   if c["id"].startswith("retry_")]  # fmt: skip
+        assert errors and len(retries) == len(errors), (name, messages)
+
+
+def test_retry_failed_calls_shows_the_policy_every_call_as_succeeded_once():
+    from jaxrl_agents.envs.registry import retry_failed_calls
+
+    seen = []
+
+    def inner(messages):
+        seen.append(messages)
+        return {"role": "assistant", "content": "done"}
+
+    def call(i, name):
+        return {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": {}}}
+
+    def tool(i, content):
+        return {"role": "tool", "name": "f", "tool_call_id": f"x{i}", "content": content}
+
+    policy = retry_failed_calls(inner, max_retries=2)
+    first = {"role": "assistant", "content": "", "tool_calls": [call(0, "a"), call(1, "b")]}
+    history = [{"role": "user", "content": "q"}, first, tool(0, "A"), tool(1, "Error: b hung")]
+    retry = policy(history)
+    assert [c["function"]["name"] for c in retry["tool_calls"]] == ["b"]  # only the failed one
+    assert retry["tool_calls"][0]["id"] == "retry_call_1" and not seen
+    history += [retry, tool(2, "Error: b hung again")]
+    assert policy(history)["tool_calls"][0]["function"]["name"] == "b"  # the second retry
+    assert policy([*history, policy(history), tool(3, "B")]) == {
+        "role": "assistant",
+        "content": "done",
+    }
+    view = seen[-1]  # the retries left out, the last result in the failed call's place
+    assert [m["role"] for m in view] == ["user", "assistant", "tool", "tool"]
+    assert [m["content"] for m in view[2:]] == ["A", "B"]
+    assert view[3]["tool_call_id"] == "x1"
+    # after max_retries the policy sees the error
+    seen.clear()
+    out = [*history, policy(history), tool(3, "Error: still")]
+    assert policy(out)["content"] == "done"
+    assert seen[-1][3]["content"] == "Error: still"
+    with pytest.raises(ValueError, match="max_retries=-1"):
+        retry_failed_calls(inner, max_retries=-1)
