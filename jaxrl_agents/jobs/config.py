@@ -55,6 +55,9 @@ class LoRASpec:
         default_factory=lambda: ["q", "k", "v", "o", "gate", "up", "down"]
     )
     """Wrapped projections: q k v o gate up down (or q_proj ... down_proj)."""
+    top_layers: int | None = None
+    """Adapters on the last N decoder layers only (PEFT's layers_to_transform); null: every
+    layer. The backward pass stops at the lowest adapted layer (faster, less memory)."""
 
     def __post_init__(self) -> None:
         self.config()  # every value checked now, one line naming it
@@ -65,7 +68,7 @@ class LoRASpec:
             return None
         from jaxrl_agents.models.config import LoRAConfig
 
-        return LoRAConfig(self.rank, self.alpha, self.dropout, tuple(self.targets))
+        return LoRAConfig(self.rank, self.alpha, self.dropout, tuple(self.targets), self.top_layers)
 
 
 @dataclasses.dataclass

@@ -50,6 +50,10 @@ class LoRAConfig:
     """Dropout on the adapters' input. Only 0.0 is implemented (the usual setting for RL)."""
     targets: tuple[str, ...] = LORA_TARGETS
     """Wrapped projections, a subset of ``q k v o gate up down`` (or PEFT's ``*_proj`` names)."""
+    top_layers: int | None = None
+    """Adapters on the last ``top_layers`` decoder layers only (PEFT's ``layers_to_transform``
+    over the top layers); None: every layer. The backward pass then stops at the lowest adapted
+    layer: the frozen layers below it run forward only."""
 
     def __post_init__(self) -> None:
         if int(self.rank) != self.rank or self.rank < 1:
@@ -73,6 +77,14 @@ class LoRAConfig:
                 out.append(ours)
         if not out:
             raise ModelConfigError("targets is empty: name at least one projection")
+        if self.top_layers is not None and (
+            isinstance(self.top_layers, bool)
+            or int(self.top_layers) != self.top_layers
+            or self.top_layers < 1
+        ):
+            raise ModelConfigError(
+                f"top_layers={self.top_layers!r}: a number of layers >= 1, or null for every layer"
+            )
         object.__setattr__(self, "rank", int(self.rank))
         object.__setattr__(self, "alpha", float(self.alpha))
         object.__setattr__(self, "targets", tuple(t for t in LORA_TARGETS if t in out))
@@ -80,6 +92,16 @@ class LoRAConfig:
     @property
     def scale(self) -> float:
         return self.alpha / self.rank
+
+    def first_layer(self, num_layers: int) -> int:
+        """Index of the lowest adapted layer of a ``num_layers``-layer decoder."""
+        if self.top_layers is None:
+            return 0
+        if self.top_layers > num_layers:
+            raise ModelConfigError(
+                f"lora.top_layers={self.top_layers} exceeds the model's {num_layers} layers"
+            )
+        return num_layers - int(self.top_layers)
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,19 @@ class Transformer(nnx.Module):
             out["lora"] = self.lora.stacked()
         return out
 
+    def _scan_segments(self, layer_ids: Array) -> list[tuple[dict[str, Any], Array]]:
+        """The layer scans' ``xs``: one scan over every layer, or with adapters on the top layers
+        only (``LoRAConfig.top_layers``) a scan of the frozen layers below them first. Nothing
+        trained reaches that one, so a gradient pass stops above it."""
+        p = self.stacked_params()
+        first = self.cfg.lora.first_layer(self.cfg.num_hidden_layers) if "lora" in p else 0
+        if not first:
+            return [(p, layer_ids)]
+        lora = p.pop("lora")
+        below = {k: v[:first] for k, v in p.items()}
+        above = {k: v[first:] for k, v in p.items()} | {"lora": lora}
+        return [(below, layer_ids[:first]), (above, layer_ids[first:])]
+
     # ------------------------------------------------------------------ public API
     def __call__(
         self,
@@ -237,8 +250,9 @@ class Transformer(nnx.Module):
         if cfg.remat:
             block = jax.checkpoint(block, prevent_cse=False)
         layer_ids = jnp.arange(cfg.num_hidden_layers)
-        unroll = min(int(cfg.scan_unroll), cfg.num_hidden_layers)
-        (x, kv), _ = jax.lax.scan(block, (x, kv), (self.stacked_params(), layer_ids), unroll=unroll)
+        for p, ids in self._scan_segments(layer_ids):
+            unroll = min(int(cfg.scan_unroll), len(ids))
+            (x, kv), _ = jax.lax.scan(block, (x, kv), (p, ids), unroll=unroll)
         h = rms_norm(x, self.final_norm[...], eps=cfg.rms_norm_eps)
         if cache is not None:
             n_valid = valid.sum(axis=1).astype(cache.lengths.dtype)

@@ -50,7 +50,8 @@ def lora_layout(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str,
     """``'q_a' -> (shape, logical axes, fan_in)`` of every adapter tensor (leading ``layers``)."""
     if cfg.lora is None:
         return {}
-    L, D, F, r = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.lora.rank
+    L = cfg.num_hidden_layers - cfg.lora.first_layer(cfg.num_hidden_layers)  # adapted layers
+    D, F, r = cfg.hidden_size, cfg.intermediate_size, cfg.lora.rank
     H, K, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     full = {
         "q": (((D, r), ("embed", "lora")), ((r, H, Dh), ("lora", "q_heads", "head_dim")), D),
@@ -122,17 +123,20 @@ def lora_product(cfg: ModelConfig, name: str, a: Array, b: Array) -> Array:
 
 
 def merge_layer(cfg: ModelConfig, p: dict[str, Any]) -> dict[str, Any]:
-    """One layer's (or the stacked layers') weights with the adapters folded into the base."""
+    """One layer's weights, or the stacked layers' (``Transformer.stacked_params``: the adapters
+    cover the top layers, ``LoRAConfig.top_layers``), with the adapters folded into the base."""
     lora = p.get("lora")
     if lora is None:
         return p
     out = {k: v for k, v in p.items() if k != "lora"}
     for name, (a, b) in lora.items():
+        w = out[name]
         if a.ndim == (4 if name == "o" else 3):  # stacked on the layers axis
             delta = jax.vmap(lambda a_, b_, n=name: lora_product(cfg, n, a_, b_))(a, b)
+            first = w.shape[0] - delta.shape[0]
+            out[name] = w.astype(jnp.float32).at[first:].add(delta).astype(w.dtype)
         else:
-            delta = lora_product(cfg, name, a, b)
-        out[name] = (out[name].astype(jnp.float32) + delta).astype(out[name].dtype)
+            out[name] = (w.astype(jnp.float32) + lora_product(cfg, name, a, b)).astype(w.dtype)
     return out
 
 

@@ -53,17 +53,22 @@ def peft_tensors(model: Any, *, dtype: str | None = None) -> dict[str, np.ndarra
     for name in cfg.lora.targets:
         a = _host(getattr(model.lora, f"{name}_a")[...]).astype(np.float32)
         b = _host(getattr(model.lora, f"{name}_b")[...]).astype(np.float32)
-        for i in range(cfg.num_hidden_layers):
-            key = _PREFIX.format(i=i) + _MODULES[name]
-            lora_a = np.ascontiguousarray(a[i].reshape(-1, r).T)  # [r, in]
-            lora_b = np.ascontiguousarray(b[i].reshape(r, -1).T)  # [out, r]
+        first = cfg.lora.first_layer(cfg.num_hidden_layers)
+        for j in range(a.shape[0]):  # the adapted layers, first ... L - 1
+            key = _PREFIX.format(i=first + j) + _MODULES[name]
+            lora_a = np.ascontiguousarray(a[j].reshape(-1, r).T)  # [r, in]
+            lora_b = np.ascontiguousarray(b[j].reshape(r, -1).T)  # [out, r]
             out[f"{key}.lora_A.weight"] = lora_a.astype(out_dtype)
             out[f"{key}.lora_B.weight"] = lora_b.astype(out_dtype)
     return out
 
 
-def adapter_config(lora: LoRAConfig, *, base: str | None) -> dict[str, Any]:
-    """PEFT's ``adapter_config.json`` for ``lora`` on the base model folder ``base``."""
+def adapter_config(lora: LoRAConfig, *, base: str | None, num_layers: int) -> dict[str, Any]:
+    """PEFT's ``adapter_config.json`` for ``lora`` on the base model folder ``base`` (a decoder
+    of ``num_layers`` layers)."""
+    layers = None
+    if lora.top_layers is not None:
+        layers = list(range(lora.first_layer(num_layers), num_layers))
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -79,7 +84,7 @@ def adapter_config(lora: LoRAConfig, *, base: str | None) -> dict[str, Any]:
         "use_rslora": False,
         "use_dora": False,
         "modules_to_save": None,
-        "layers_to_transform": None,
+        "layers_to_transform": layers,
     }
 
 
@@ -98,13 +103,15 @@ def export_peft(
         return out
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    cfg = adapter_config(model.cfg.lora, base=base)
+    cfg = adapter_config(model.cfg.lora, base=base, num_layers=model.cfg.num_hidden_layers)
     (out / ADAPTER_CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
     return out
 
 
-def read_peft_config(folder: str | Path) -> LoRAConfig:
-    """The ``LoRAConfig`` of a PEFT adapter folder (LoRA without rsLoRA/DoRA/biases only)."""
+def read_peft_config(folder: str | Path, *, num_layers: int | None = None) -> LoRAConfig:
+    """The ``LoRAConfig`` of a PEFT adapter folder (LoRA without rsLoRA/DoRA/biases only).
+    ``layers_to_transform``, when set, must be the top layers of the ``num_layers``-layer base
+    (``LoRAConfig.top_layers``); without ``num_layers``, its largest index + 1 is taken."""
     path = Path(folder) / ADAPTER_CONFIG
     try:
         cfg = json.loads(path.read_text())
@@ -117,8 +124,22 @@ def read_peft_config(folder: str | Path) -> LoRAConfig:
     targets = cfg.get("target_modules") or []
     if isinstance(targets, str):
         raise ValueError(f"{path}: target_modules as a regex ({targets!r}) is not supported")
+    layers, top = cfg.get("layers_to_transform"), None
+    if layers is not None:
+        layers = sorted({layers} if isinstance(layers, int) else set(layers))
+        n = num_layers if num_layers is not None else layers[-1] + 1
+        if not layers or layers != list(range(n - len(layers), n)):
+            raise ValueError(
+                f"{path}: layers_to_transform={cfg['layers_to_transform']!r}; supported: null "
+                f"or the top layers of the {n}-layer base, e.g. {list(range(n - 2, n))}"
+            )
+        top = len(layers)
     return LoRAConfig(
-        rank=int(cfg["r"]), alpha=float(cfg["lora_alpha"]), targets=tuple(targets), dropout=0.0
+        rank=int(cfg["r"]),
+        alpha=float(cfg["lora_alpha"]),
+        targets=tuple(targets),
+        dropout=0.0,
+        top_layers=top,
     )
 
 
@@ -127,12 +148,14 @@ def load_peft(model: Any, folder: str | Path) -> Any:
     adapter folder, in place; returns the model."""
     from safetensors.numpy import load_file
 
-    want = read_peft_config(folder)
+    L = model.cfg.num_hidden_layers
+    want = read_peft_config(folder, num_layers=L)
     lora = model.cfg.lora
-    if lora is None or (lora.rank, lora.targets) != (want.rank, want.targets):
+    key_of = (lambda c: (c.rank, c.targets, c.first_layer(L))) if lora is not None else None
+    if lora is None or key_of(lora) != key_of(want):
         raise ValueError(
-            f"{folder}: adapters of rank {want.rank} on {list(want.targets)} do not "
-            f"match the policy's ({lora})"
+            f"{folder}: adapters of rank {want.rank} on {list(want.targets)} "
+            f"(top_layers={want.top_layers}) do not match the policy's ({lora})"
         )
     tensors = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
     scale = want.alpha / lora.alpha
@@ -140,10 +163,11 @@ def load_peft(model: Any, folder: str | Path) -> Any:
         a_var, b_var = getattr(model.lora, f"{name}_a"), getattr(model.lora, f"{name}_b")
         a = np.zeros(a_var.get_value().shape, np.float32)
         b = np.zeros(b_var.get_value().shape, np.float32)
-        for i in range(model.cfg.num_hidden_layers):
-            key = _PREFIX.format(i=i) + _MODULES[name]
-            a[i] = tensors[f"{key}.lora_A.weight"].T.reshape(a.shape[1:])
-            b[i] = (tensors[f"{key}.lora_B.weight"].T * scale).reshape(b.shape[1:])
+        first = lora.first_layer(L)
+        for j in range(a.shape[0]):
+            key = _PREFIX.format(i=first + j) + _MODULES[name]
+            a[j] = tensors[f"{key}.lora_A.weight"].T.reshape(a.shape[1:])
+            b[j] = (tensors[f"{key}.lora_B.weight"].T * scale).reshape(b.shape[1:])
         dtype = a_var.get_value().dtype
         a_var.set_value(jax.device_put(a.astype(dtype), a_var.get_value().sharding))
         b_var.set_value(jax.device_put(b.astype(dtype), b_var.get_value().sharding))

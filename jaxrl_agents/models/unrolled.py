@@ -52,9 +52,13 @@ def decode_weights(
     stacked = model.stacked_params()
     if merge_lora:
         stacked = merge_layer(cfg, stacked)
-    layers = tuple(
-        jax.tree.map(lambda v, i=i: v[i].astype(dt), stacked) for i in range(cfg.num_hidden_layers)
-    )
+    lora = stacked.pop("lora", None)
+    L = cfg.num_hidden_layers
+    layers = [jax.tree.map(lambda v, i=i: v[i].astype(dt), stacked) for i in range(L)]
+    if lora is not None:  # unmerged: on the adapted (top) layers
+        first = cfg.lora.first_layer(L)
+        for i in range(first, L):
+            layers[i]["lora"] = jax.tree.map(lambda v, j=i - first: v[j].astype(dt), lora)
     layers = tuple(_fuse(p, cfg) for p in layers)
     embed = model.embed[...].astype(dt)
     head = embed.T if cfg.tie_word_embeddings else model.lm_head[...].astype(dt)

@@ -12,6 +12,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 from train_cli import FAST
 from train_cli import main_in_process as _main
@@ -31,9 +32,13 @@ from jaxrl_agents.training.step import (
 LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
 
 
-def test_a_lora_step_changes_no_base_parameter():
-    cfg = from_tree(RunConfig, compose("config", [*FAST, *LORA]))
+@pytest.mark.parametrize("top", [None, 1])
+def test_a_lora_step_changes_no_base_parameter(top):
+    top_layers = [f"model.lora.top_layers={top}"] if top else []
+    cfg = from_tree(RunConfig, compose("config", [*FAST, *LORA, *top_layers]))
     system = build_train(cfg)
+    layers = system.model.cfg.num_hidden_layers
+    assert system.model.lora.q_a.get_value().shape[0] == (top or layers)  # adapted layers only
     graphdef, params, rest = split_params(system.model)
     leaves = nnx.to_flat_state(params)
     assert leaves and all(isinstance(v, nnx.LoRAParam) for _, v in leaves)

@@ -97,6 +97,58 @@ def test_peft_export_loads_onto_the_transformers_base(lora_model, tmp_path):
     np.testing.assert_allclose(_logits(again), ours, atol=2e-5, rtol=1e-5)
 
 
+def test_top_layers_adapt_only_the_top_and_export_to_peft(hf_checkpoints, tmp_path):
+    """``top_layers``: adapters on the last layers only; merged, unmerged, the sampler's layouts
+    and PEFT (``layers_to_transform``) agree, and the gradient pass skips the layers below."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    folder = hf_checkpoints["qwen2"][1]
+    model, _ = load_pretrained(folder, tokenizer=False)
+    L = model.cfg.num_hidden_layers
+    assert L >= 2
+    add_lora(model, LoRAConfig(rank=4, alpha=8.0, top_layers=1), seed=0)
+    assert model.lora.q_a.get_value().shape[0] == 1
+    _randomize(model, seed=3)
+    ours = _logits(model)
+    np.testing.assert_allclose(_logits(merge_lora(model)), ours, atol=2e-5, rtol=1e-5)
+    for merge in (True, False):
+        w = decode_weights(model, merge_lora=merge)
+        assert [("lora" in p) for p in w["layers"]] == [not merge and i == L - 1 for i in range(L)]
+        h, _ = forward_unrolled(model.cfg, w, TOKENS, POS, segment_ids=SEG)
+        np.testing.assert_allclose(np.asarray(logits_unrolled(w, h)), ours, atol=2e-5, rtol=1e-5)
+    out = export_peft(model, tmp_path / "adapter", base=str(folder))
+    config = read_peft_config(out, num_layers=L)
+    assert config.top_layers == 1
+    base = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(base, out).eval()
+    with torch.no_grad():
+        theirs = peft_model(input_ids=torch.tensor(TOKENS[:1])).logits.numpy()
+    assert np.abs(theirs - ours[:1]).max() / np.abs(theirs).max() < 1e-4
+    again, _ = load_pretrained(folder, tokenizer=False)
+    add_lora(again, config, seed=5)
+    load_peft(again, out)
+    np.testing.assert_allclose(_logits(again), ours, atol=2e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="do not match"):
+        load_peft(add_lora(load_pretrained(folder, tokenizer=False)[0], LoRAConfig(4, 8.0)), out)
+
+    def flops(m):  # the adapters' gradient program: the frozen layers below run forward only
+        graphdef, params, rest = nnx.split(m, nnx.LoRAParam, ...)
+
+        def loss(params, rest):
+            return nnx.merge(graphdef, params, rest)(TOKENS, POS, segment_ids=SEG)[0].sum()
+
+        compiled = jax.jit(jax.grad(loss)).lower(params, rest).compile()
+        return compiled.cost_analysis()["flops"]
+
+    # layers unrolled: XLA's cost analysis counts a loop's body once
+    top, every = (load_pretrained(folder, tokenizer=False, scan_unroll=L)[0] for _ in "ab")
+    add_lora(top, LoRAConfig(rank=4, alpha=8.0, top_layers=1), seed=0)
+    add_lora(every, LoRAConfig(rank=4, alpha=8.0), seed=0)
+    assert flops(top) < 0.9 * flops(every)
+
+
 def test_lora_config_errors():
     with pytest.raises(ModelConfigError, match="rank=0"):
         LoRAConfig(rank=0)
@@ -105,6 +157,10 @@ def test_lora_config_errors():
     with pytest.raises(ModelConfigError, match="dropout=0.1.*valid: 0.0"):
         LoRAConfig(dropout=0.1)
     assert LoRAConfig(targets=("v_proj", "q_proj", "q")).targets == ("q", "v")
+    with pytest.raises(ModelConfigError, match="top_layers=0: a number of layers >= 1"):
+        LoRAConfig(top_layers=0)
+    with pytest.raises(ModelConfigError, match="top_layers=5 exceeds the model's 2 layers"):
+        LoRAConfig(top_layers=5).first_layer(2)
 
 
 @pytest.fixture(scope="module")
