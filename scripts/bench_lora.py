@@ -27,6 +27,12 @@ process builds two, merged and unmerged).
     python scripts/bench_lora.py                  # SmolLM2, 8 x 256, rank 16, CPU
     python scripts/bench_lora.py --random         # same shape, random weights (GPU)
     python scripts/bench_lora.py --quick          # a tiny model, seconds (the suite's smoke)
+    python scripts/bench_lora.py --full-at REV    # also full fine-tuning as revision REV had it
+    python scripts/bench_lora.py --top-layers 15  # also LoRA on the last 15 layers only
+
+``--full-at`` runs the full fine-tuning child with an older revision's code (a temporary git
+worktree of this repository on ``PYTHONPATH``, the model given as the converted folder), e.g. the
+revision a speed target was set against, beside today's full fine-tuning and LoRA.
 
 The last line is one JSON object: per variant the phases and memory, and the ratios
 (full / lora) of the update step and the whole step, and the LoRA / full fractions of the
@@ -36,13 +42,16 @@ trainable state and of the training memory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -78,26 +87,37 @@ def _model(args):
     from jaxrl_agents.models import ModelConfig, Transformer, load_pretrained
 
     if args.quick or args.random:
-        cfg = ModelConfig.from_hf_config(
-            TINY if args.quick else SMOLLM2,
-            remat=args.remat,
-            dtype=args.dtype,
-            scan_unroll=args.scan_unroll,
-        )
+        kw = dict(remat=args.remat, dtype=args.dtype, scan_unroll=args.scan_unroll)
+        cfg = ModelConfig.from_hf_config(TINY if args.quick else SMOLLM2, **_known(ModelConfig, kw))
         return Transformer(cfg, rngs=nnx.Rngs(0)), "random"
-    from jaxrl_agents.models.gguf import local_folder
+    folder = args.model
+    if not os.path.isdir(folder):
+        from jaxrl_agents.models.gguf import local_folder
 
-    folder = local_folder(args.model)
-    model, _ = load_pretrained(
-        folder, tokenizer=False, remat=args.remat, dtype=args.dtype, scan_unroll=args.scan_unroll
-    )
+        folder = local_folder(args.model)
+    kw = dict(tokenizer=False, remat=args.remat, dtype=args.dtype, scan_unroll=args.scan_unroll)
+    model, _ = load_pretrained(folder, **_known(load_pretrained, kw))
     return model, str(folder)
+
+
+def _known(fn, kw: dict) -> dict:
+    """``kw`` less what ``fn`` does not take (``--full-at`` runs an older revision's code)."""
+    import inspect
+
+    names = inspect.signature(fn).parameters
+    dropped = {k: v for k, v in kw.items() if k not in names}
+    if any(v not in (None, 1, False) for v in dropped.values()):  # a setting it cannot honour
+        raise SystemExit(f"this revision's {fn.__name__} takes no {sorted(dropped)}")
+    return {k: v for k, v in kw.items() if k in names}
 
 
 def _batch(args, vocab: int):
     import numpy as np
 
-    from jaxrl_agents.batches import EpisodeArrays, TrainBatch
+    try:
+        from jaxrl_agents.batches import EpisodeArrays, TrainBatch
+    except ImportError:  # --full-at an older revision
+        from jaxrl_agents.rollout.packing import EpisodeArrays, TrainBatch
 
     rng = np.random.default_rng(0)
     R, T = args.rows, args.seq
@@ -154,12 +174,12 @@ async def _rollout(model, args, merge: bool) -> tuple[float, float, float]:
 
     from jaxrl_agents.generation import Engine, EngineConfig, SamplingParams
 
-    cfg = EngineConfig(
-        max_slots=args.rollouts,
-        max_seq_len=args.prompt + args.new_tokens + 16,
-        merge_lora=merge,
-        dtype=args.sampler_dtype,
-    )
+    kw = dict(max_slots=args.rollouts, max_seq_len=args.prompt + args.new_tokens + 16)
+    if args.sampler_dtype:
+        kw["dtype"] = args.sampler_dtype
+    if not merge:
+        kw["merge_lora"] = False
+    cfg = EngineConfig(**kw)
     rng = np.random.default_rng(1)
     prompts = [
         rng.integers(10, model.cfg.vocab_size, args.prompt).tolist() for _ in range(args.rollouts)
@@ -202,8 +222,6 @@ def child(args) -> dict:
 
     from jaxrl_agents.algos import AdvantageConfig, LossConfig
     from jaxrl_agents.jobs.build import split_params
-    from jaxrl_agents.models.config import LoRAConfig
-    from jaxrl_agents.models.lora import add_lora
     from jaxrl_agents.training.logprobs import token_stats
     from jaxrl_agents.training.step import OptimizerConfig, init_train_state
     from jaxrl_agents.training.update import make_rl_update
@@ -213,7 +231,11 @@ def child(args) -> dict:
     load_s = time.perf_counter() - t0
     lora = args.child == "lora"
     if lora:
-        add_lora(model, LoRAConfig(rank=args.rank, alpha=2.0 * args.rank), seed=0)
+        from jaxrl_agents.models.config import LoRAConfig
+        from jaxrl_agents.models.lora import add_lora
+
+        top = args.child_top_layers
+        add_lora(model, LoRAConfig(args.rank, 2.0 * args.rank, top_layers=top), seed=0)
     graphdef, params, rest = split_params(model)
     tx = OptimizerConfig(lr=1e-5, warmup_steps=0).build()
     state = init_train_state(params, tx)
@@ -280,6 +302,7 @@ def child(args) -> dict:
     out = {
         "variant": args.child,
         "dtype": args.dtype,
+        "top_layers": args.child_top_layers,
         "source": source,
         "load_s": load_s,
         "params": int(sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))),
@@ -306,6 +329,21 @@ def child(args) -> dict:
     out["backend"] = jax.default_backend()
     out["device"] = str(jax.devices()[0].device_kind)
     return out
+
+
+@contextlib.contextmanager
+def _worktree(rev: str):
+    """A detached git worktree of ``rev`` (this checkout's repository), removed afterwards."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tmp = tempfile.mkdtemp(prefix="bench_lora_")
+    tree = os.path.join(tmp, "tree")
+    git = ["git", "-C", root]
+    subprocess.run([*git, "worktree", "add", "--detach", "-q", tree, rev], check=True)
+    try:
+        yield tree
+    finally:
+        subprocess.run([*git, "worktree", "remove", "--force", tree], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:
@@ -344,7 +382,22 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=192)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--full-at",
+        metavar="REV",
+        help="also full fine-tuning with this git revision's code (a temporary worktree), e.g. "
+        "the revision a speed target was set against; its ratios are full@REV / lora",
+    )
+    p.add_argument(
+        "--top-layers",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also LoRA on only the last N layers, for each N (LoRAConfig.top_layers): the "
+        "backward pass stops at the lowest adapted layer",
+    )
     p.add_argument("--child", choices=["full", "lora"], help=argparse.SUPPRESS)
+    p.add_argument("--child-top-layers", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="only the JSON line")
     args = p.parse_args()
     if args.quick:
@@ -357,14 +410,31 @@ def main() -> None:
     variants = [("full", args.dtype), ("lora", args.dtype)]
     if args.lora_dtype and args.lora_dtype != args.dtype:
         variants.append((f"lora_{args.lora_dtype}", args.lora_dtype))
-    for name, dtype in variants:
-        child_args = [*sys.argv[1:], "--child", name.split("_")[0], "--dtype", dtype]
-        res = subprocess.run(
-            [sys.executable, __file__, *child_args], capture_output=True, text=True
-        )
-        if res.returncode:
-            sys.exit(f"{name} failed:\n{res.stderr[-3000:]}")
-        rows[name] = json.loads(res.stdout.strip().splitlines()[-1])
+    if args.full_at:
+        variants.insert(0, (f"full@{args.full_at}", args.dtype))
+    variants += [(f"lora_top{n}", args.dtype) for n in args.top_layers]
+    with contextlib.ExitStack() as stack:
+        for name, dtype in variants:
+            child_args = [*sys.argv[1:], "--child", name.split("_")[0].split("@")[0]]
+            if name.startswith("lora_top"):
+                child_args += ["--child-top-layers", name.removeprefix("lora_top")]
+            env = None
+            if "@" in name:
+                tree = stack.enter_context(_worktree(args.full_at))
+                env = {**os.environ, "PYTHONPATH": tree}
+                if not (args.quick or args.random or os.path.isdir(args.model)):
+                    from jaxrl_agents.models.gguf import local_folder
+
+                    child_args += ["--model", str(local_folder(args.model))]
+            res = subprocess.run(
+                [sys.executable, __file__, *child_args, "--dtype", dtype],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            if res.returncode:
+                sys.exit(f"{name} failed:\n{res.stderr[-3000:]}")
+            rows[name] = json.loads(res.stdout.strip().splitlines()[-1])
     f, lo = rows["full"], rows["lora"]
     ratio = {
         "update_speedup": f["update_s"] / lo["update_s"],
@@ -375,9 +445,12 @@ def main() -> None:
     if f["update_program_bytes"] and lo["update_program_bytes"]:
         ratio["update_program_frac"] = lo["update_program_bytes"] / f["update_program_bytes"]
     for name, r in rows.items():
-        if name not in ("full", "lora"):  # full fine-tuning at --dtype against LoRA at its own
+        if name.startswith("lora_"):  # full fine-tuning against LoRA at its dtype / top layers
             ratio[f"{name}_update_speedup"] = f["update_s"] / r["update_s"]
             ratio[f"{name}_step_speedup"] = f["step_s"] / r["step_s"]
+        elif "@" in name:  # full fine-tuning at that revision against LoRA now
+            ratio[f"{name}_vs_lora_update_speedup"] = r["update_s"] / lo["update_s"]
+            ratio[f"{name}_vs_lora_step_speedup"] = r["step_s"] / lo["step_s"]
     out = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "args": vars(args),

@@ -156,7 +156,7 @@ def test_bench_gpu_smoke_and_render(tmp_path):
 def test_bench_lora_fields():
     """Both variants in their own processes on the tiny model; the adapters' trainable state is
     a small fraction of full fine-tuning's."""
-    out = _run("bench_lora.py", "--quick", "--lora-dtype", "bfloat16")
+    out = _run("bench_lora.py", "--quick", "--lora-dtype", "bfloat16", "--top-layers", "1")
     for key in ("update_speedup", "step_speedup", "trainable_state_frac", "train_peak_rss_frac"):
         assert out[key] > 0, key
     for v in ("full", "lora"):
@@ -169,6 +169,10 @@ def test_bench_lora_fields():
     assert bf16["dtype"] == "bfloat16" and out["full"]["dtype"] == "float32"
     assert bf16["trainable_state_bytes"] == out["lora"]["trainable_state_bytes"]  # fp32 adapters
     assert out["lora_bfloat16_step_speedup"] == out["full"]["step_s"] / bf16["step_s"]
+    # --top-layers 1: adapters on the last of the two layers, half the adapter parameters
+    top = out["lora_top1"]
+    assert top["top_layers"] == 1 and 2 * top["trainable_params"] == out["lora"]["trainable_params"]
+    assert out["lora_top1_update_speedup"] == out["full"]["update_s"] / top["update_s"]
 
 
 def test_bench_peers_tabulates_a_harness_run(tmp_path):
