@@ -34,7 +34,7 @@ from jaxrl_agents.rollout import Collector, RolloutConfig, ScriptedEngine
 from jaxrl_agents.rollout.scripted import accepts, oracle_for
 from jaxrl_agents.sharding import shard_model
 from jaxrl_agents.training.critic import ATTR, attach_critic
-from jaxrl_agents.types import EndReason, Task
+from jaxrl_agents.types import EndReason, Task, ToolErrorKind
 
 # -- environments ---------------------------------------------------------------------------------
 
@@ -398,6 +398,16 @@ async def check_oracle_limits(
             f"{env_key}: {name}'s oracle answered none of {n} tasks without limits "
             f"(ends: {sorted({t.end_reason.value for t in trajs})}) {first.splitlines()[:1]}"
         )
+    # A tool that timed out on a loaded machine costs the oracle a retry turn (and the episode
+    # more tokens): what the episodes need is measured on those without one, when there are any.
+    timed_out = {
+        id(t)
+        for t in done
+        for turn in t.turns
+        for r in turn.tool_results
+        if r.error_kind == ToolErrorKind.TIMEOUT
+    }
+    done = [t for t in done if id(t) not in timed_out] or done
     need = {
         "turns": max(len(t.turns) for t in done),
         "turn_tokens": max(tt.end - tt.start for t in done for tt in t.turns),
