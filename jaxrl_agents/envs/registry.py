@@ -24,6 +24,7 @@ attribute, or its module a function of that name.
 
 from __future__ import annotations
 
+import re
 import sys
 import weakref
 from collections.abc import Callable
@@ -60,13 +61,18 @@ def register_scripted(env_cls: type[Env], name: str, fn: PolicyFactory | None = 
     return register if fn is None else register(fn)
 
 
-def retry_failed_calls(policy: Policy, max_retries: int = 2) -> Policy:
+TIMED_OUT = re.compile(r"Error: \S+ timed out after ")
+"""How a tool result that passed its timeout reads (``envs.tools.ToolBox.execute``)."""
+
+
+def retry_timed_out_calls(policy: Policy, max_retries: int = 2) -> Policy:
     """``policy`` (a scripted policy that reads its history by position: its turns, its tool
-    results) with every tool call whose result is an error (``Error: ...``: a timeout, a
-    crashed tool) issued again on its own, up to ``max_retries`` times, as an annotator would.
+    results) with every tool call that timed out (:data:`TIMED_OUT`: on a loaded machine, a
+    transient fault) issued again on its own, up to ``max_retries`` times, as an annotator would.
     The wrapped policy sees the history as if each call had succeeded the first time: the retry
-    turns are left out and their results stand in the failed calls' places. A call still
-    failing after its retries reaches the policy as the error it is."""
+    turns are left out and their results stand in the timed-out calls' places. Any other error
+    (an unknown tool, bad arguments, a tool's own refusal) is the policy's to read, as is a call
+    still timing out after its retries."""
     if max_retries < 0:
         raise ValueError(f"max_retries={max_retries}: expected >= 0")
 
@@ -91,7 +97,7 @@ def retry_failed_calls(policy: Policy, max_retries: int = 2) -> Policy:
                 else:
                     i = len(view)
                     view.append(m)
-                if str(m.get("content", "")).startswith("Error") and tries < max_retries:
+                if TIMED_OUT.match(str(m.get("content", ""))) and tries < max_retries:
                     failed.append((i, call, tries + 1))
                 continue
             view.append(m)

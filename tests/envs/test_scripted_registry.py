@@ -155,8 +155,8 @@ def test_oracles_retry_a_timed_out_call_and_still_solve(name):
         assert errors and len(retries) == len(errors), (name, messages)
 
 
-def test_retry_failed_calls_shows_the_policy_every_call_as_succeeded_once():
-    from jaxrl_agents.envs.registry import retry_failed_calls
+def test_retry_timed_out_calls_shows_the_policy_every_call_as_succeeded_once():
+    from jaxrl_agents.envs.registry import retry_timed_out_calls
 
     seen = []
 
@@ -170,13 +170,14 @@ def test_retry_failed_calls_shows_the_policy_every_call_as_succeeded_once():
     def tool(i, content):
         return {"role": "tool", "name": "f", "tool_call_id": f"x{i}", "content": content}
 
-    policy = retry_failed_calls(inner, max_retries=2)
+    policy = retry_timed_out_calls(inner, max_retries=2)
     first = {"role": "assistant", "content": "", "tool_calls": [call(0, "a"), call(1, "b")]}
-    history = [{"role": "user", "content": "q"}, first, tool(0, "A"), tool(1, "Error: b hung")]
+    late = "Error: b timed out after 10 s"
+    history = [{"role": "user", "content": "q"}, first, tool(0, "A"), tool(1, late)]
     retry = policy(history)
     assert [c["function"]["name"] for c in retry["tool_calls"]] == ["b"]  # only the failed one
     assert retry["tool_calls"][0]["id"] == "retry_call_1" and not seen
-    history += [retry, tool(2, "Error: b hung again")]
+    history += [retry, tool(2, late)]
     assert policy(history)["tool_calls"][0]["function"]["name"] == "b"  # the second retry
     assert policy([*history, policy(history), tool(3, "B")]) == {
         "role": "assistant",
@@ -188,8 +189,13 @@ def test_retry_failed_calls_shows_the_policy_every_call_as_succeeded_once():
     assert view[3]["tool_call_id"] == "x1"
     # after max_retries the policy sees the error
     seen.clear()
-    out = [*history, policy(history), tool(3, "Error: still")]
+    out = [*history, policy(history), tool(3, late)]
     assert policy(out)["content"] == "done"
-    assert seen[-1][3]["content"] == "Error: still"
+    assert seen[-1][3]["content"] == late
+    # any other error is the policy's to read, at once
+    seen.clear()
+    unknown = "Error: unknown tool 'b'. Available: a"
+    assert policy([*history[:3], tool(1, unknown)])["content"] == "done"
+    assert seen[-1][-1]["content"] == unknown
     with pytest.raises(ValueError, match="max_retries=-1"):
-        retry_failed_calls(inner, max_retries=-1)
+        retry_timed_out_calls(inner, max_retries=-1)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxrl_agents.envs.base import check_kinds
-from jaxrl_agents.envs.registry import retry_failed_calls
+from jaxrl_agents.envs.registry import retry_timed_out_calls
 from jaxrl_agents.envs.research.corpus import QUESTION_KINDS, _corpus_of, build_corpus
 from jaxrl_agents.types import Message, Task
 
@@ -77,7 +77,7 @@ def oracle_policy(
         refs = " ".join(opened) if cite else ""
         return {"role": "assistant", "content": f"{task.data['answer']} {refs}".strip()}
 
-    return retry_failed_calls(policy)
+    return retry_timed_out_calls(policy)
 
 
 PREMATURE_HOPS = ("first", "random")

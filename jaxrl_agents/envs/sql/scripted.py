@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxrl_agents.envs.registry import retry_failed_calls
+from jaxrl_agents.envs.registry import retry_timed_out_calls
 from jaxrl_agents.types import Message, Task, ToolCallDict
 
 
@@ -62,7 +62,7 @@ def oracle_policy(
         first_row = tool_msgs[-1]["content"].splitlines()[1]
         return {"role": "assistant", "content": answer_prefix + first_row.split(" | ")[0]}
 
-    return retry_failed_calls(policy)
+    return retry_timed_out_calls(policy)
 
 
 def wrong_policy(task: Task) -> Callable[[list[Message]], Message]:

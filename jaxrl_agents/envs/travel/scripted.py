@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxrl_agents.envs.registry import retry_failed_calls
+from jaxrl_agents.envs.registry import retry_timed_out_calls
 from jaxrl_agents.types import Message, Task
 
 
@@ -159,7 +159,7 @@ def oracle_policy(
         and (rng.random() if rng is not None else random.random()) < slip_prob
     )
     if style == "filter":
-        return retry_failed_calls(_filter_policy(task, slip))
+        return retry_timed_out_calls(_filter_policy(task, slip))
 
     def choose(lines: list[str], hotel: bool) -> str:
         if hotel:
@@ -168,7 +168,7 @@ def oracle_policy(
             lines = ([l for l in lines if l not in ok] or lines) if slip else ok
         return min(lines, key=lambda l: int(re.search(r"\$(\d+)", l).group(1))).split()[0]
 
-    return retry_failed_calls(_policy(task, choose))
+    return retry_timed_out_calls(_policy(task, choose))
 
 
 def wrong_policy(task: Task) -> Callable[[list[Message]], Message]:
