@@ -400,14 +400,8 @@ async def check_oracle_limits(
         )
     # A tool that timed out on a loaded machine costs the oracle a retry turn (and the episode
     # more tokens): what the episodes need is measured on those without one, when there are any.
-    timed_out = {
-        id(t)
-        for t in done
-        for turn in t.turns
-        for r in turn.tool_results
-        if r.error_kind == ToolErrorKind.TIMEOUT
-    }
-    done = [t for t in done if id(t) not in timed_out] or done
+    kinds = [{r.error_kind for turn in t.turns for r in turn.tool_results} for t in done]
+    done = [t for t, k in zip(done, kinds, strict=True) if ToolErrorKind.TIMEOUT not in k] or done
     need = {
         "turns": max(len(t.turns) for t in done),
         "turn_tokens": max(tt.end - tt.start for t in done for tt in t.turns),

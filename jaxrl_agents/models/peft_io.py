@@ -50,10 +50,10 @@ def peft_tensors(model: Any, *, dtype: str | None = None) -> dict[str, np.ndarra
     out_dtype = np.dtype(jax.numpy.dtype(dtype or cfg.param_dtype))
     r = cfg.lora.rank
     out = {}
+    first = cfg.lora.first_layer(cfg.num_hidden_layers)
     for name in cfg.lora.targets:
         a = _host(getattr(model.lora, f"{name}_a")[...]).astype(np.float32)
         b = _host(getattr(model.lora, f"{name}_b")[...]).astype(np.float32)
-        first = cfg.lora.first_layer(cfg.num_hidden_layers)
         for j in range(a.shape[0]):  # the adapted layers, first ... L - 1
             key = _PREFIX.format(i=first + j) + _MODULES[name]
             lora_a = np.ascontiguousarray(a[j].reshape(-1, r).T)  # [r, in]
@@ -151,19 +151,19 @@ def load_peft(model: Any, folder: str | Path) -> Any:
     L = model.cfg.num_hidden_layers
     want = read_peft_config(folder, num_layers=L)
     lora = model.cfg.lora
-    key_of = (lambda c: (c.rank, c.targets, c.first_layer(L))) if lora is not None else None
-    if lora is None or key_of(lora) != key_of(want):
+    shape = (want.rank, want.targets, want.first_layer(L))
+    if lora is None or (lora.rank, lora.targets, lora.first_layer(L)) != shape:
         raise ValueError(
             f"{folder}: adapters of rank {want.rank} on {list(want.targets)} "
             f"(top_layers={want.top_layers}) do not match the policy's ({lora})"
         )
     tensors = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
     scale = want.alpha / lora.alpha
+    first = lora.first_layer(L)
     for name in lora.targets:
         a_var, b_var = getattr(model.lora, f"{name}_a"), getattr(model.lora, f"{name}_b")
         a = np.zeros(a_var.get_value().shape, np.float32)
         b = np.zeros(b_var.get_value().shape, np.float32)
-        first = lora.first_layer(L)
         for j in range(a.shape[0]):
             key = _PREFIX.format(i=first + j) + _MODULES[name]
             a[j] = tensors[f"{key}.lora_A.weight"].T.reshape(a.shape[1:])
